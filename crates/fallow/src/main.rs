@@ -1,0 +1,31 @@
+//! The `fallow` binary: one executable with subcommands, the way Nomad and Vault ship.
+
+mod cmd_bench;
+mod cmd_sim;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "fallow", version, about = "A market and scheduler for idle GPU time")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Benchmarks of the matching engine (JSON on stdout).
+    #[command(subcommand)]
+    Bench(cmd_bench::BenchCommand),
+    /// Simulations that drive the real matcher in virtual time.
+    #[command(subcommand)]
+    Sim(cmd_sim::SimCommand),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Bench(command) => cmd_bench::run(command),
+        Command::Sim(command) => cmd_sim::run(command),
+    }
+}
