@@ -193,10 +193,7 @@ impl Cluster {
                 }
             })
             .collect();
-        let gpu_milli_capacity = states
-            .iter()
-            .map(|node| u64::from(node.gpu_milli_free_total()))
-            .sum();
+        let gpu_milli_capacity = states.iter().map(|node| u64::from(node.gpu_milli_free_total())).sum();
         Cluster {
             capacity: states.clone(),
             nodes: states,

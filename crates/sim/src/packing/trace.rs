@@ -37,18 +37,11 @@ impl PodRecord {
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     #[error("{path}: cannot read: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: not a valid xz file: {reason}")]
     Xz { path: PathBuf, reason: String },
     #[error("{path}: line {line}: {reason}")]
-    Csv {
-        path: PathBuf,
-        line: u64,
-        reason: String,
-    },
+    Csv { path: PathBuf, line: u64, reason: String },
     #[error("{path}: the header lacks the column `{column}` (header: {header})")]
     MissingColumn {
         path: PathBuf,
@@ -82,11 +75,9 @@ fn read_text(path: &Path) -> Result<Vec<u8>, TraceError> {
     })?;
     if path.extension().is_some_and(|extension| extension == "xz") {
         let mut decompressed = Vec::new();
-        lzma_rs::xz_decompress(&mut raw.as_slice(), &mut decompressed).map_err(|error| {
-            TraceError::Xz {
-                path: path.to_path_buf(),
-                reason: format!("{error:?}"),
-            }
+        lzma_rs::xz_decompress(&mut raw.as_slice(), &mut decompressed).map_err(|error| TraceError::Xz {
+            path: path.to_path_buf(),
+            reason: format!("{error:?}"),
         })?;
         Ok(decompressed)
     } else {
@@ -134,22 +125,14 @@ impl Columns {
         self.index.contains_key(column)
     }
 
-    fn text<'r>(
-        &self,
-        record: &'r csv::StringRecord,
-        line: u64,
-        column: &'static str,
-    ) -> Result<&'r str, TraceError> {
+    fn text<'r>(&self, record: &'r csv::StringRecord, line: u64, column: &'static str) -> Result<&'r str, TraceError> {
         let position = self.index[column];
-        record
-            .get(position)
-            .map(str::trim)
-            .ok_or_else(|| TraceError::ShortRow {
-                path: self.path.clone(),
-                line,
-                column,
-                fields: record.len(),
-            })
+        record.get(position).map(str::trim).ok_or_else(|| TraceError::ShortRow {
+            path: self.path.clone(),
+            line,
+            column,
+            fields: record.len(),
+        })
     }
 
     fn number<T: std::str::FromStr>(
@@ -159,7 +142,8 @@ impl Columns {
         column: &'static str,
     ) -> Result<T, TraceError> {
         let text = self.text(record, line, column)?;
-        text.parse::<T>().map_err(|_| self.bad(line, column, text, "not a non-negative integer"))
+        text.parse::<T>()
+            .map_err(|_| self.bad(line, column, text, "not a non-negative integer"))
     }
 
     fn bad(&self, line: u64, column: &'static str, value: &str, reason: &str) -> TraceError {
@@ -276,12 +260,7 @@ pub fn parse_pods(path: &Path, text: &[u8]) -> Result<Vec<PodRecord>, TraceError
             let gpu_milli_text = columns.text(record, line, "gpu_milli")?;
             let gpu_milli: u16 = columns.number(record, line, "gpu_milli")?;
             if u32::from(gpu_milli) > MILLI_PER_GPU {
-                return Err(columns.bad(
-                    line,
-                    "gpu_milli",
-                    gpu_milli_text,
-                    "above 1000 milli-GPU per GPU",
-                ));
+                return Err(columns.bad(line, "gpu_milli", gpu_milli_text, "above 1000 milli-GPU per GPU"));
             }
             if usize::from(gpu_count) > GPUS_PER_NODE_MAX {
                 return Err(columns.bad(
@@ -378,29 +357,45 @@ mod tests {
     #[test]
     fn bad_input_names_file_line_and_column() {
         let missing = pods("name,cpu_milli,memory_mib,num_gpu\np0,1,1,0\n").unwrap_err();
-        assert!(missing.contains("pods.csv") && missing.contains("gpu_milli"), "{missing}");
+        assert!(
+            missing.contains("pods.csv") && missing.contains("gpu_milli"),
+            "{missing}"
+        );
 
         let short = pods("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,0,0\np1,1,1\n").unwrap_err();
         assert!(short.contains("line 3") && short.contains("num_gpu"), "{short}");
 
         let not_number = pods("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,lots,1,0,0\n").unwrap_err();
-        assert!(not_number.contains("line 2") && not_number.contains("cpu_milli"), "{not_number}");
+        assert!(
+            not_number.contains("line 2") && not_number.contains("cpu_milli"),
+            "{not_number}"
+        );
 
         let multi_share = pods("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,2,500\n").unwrap_err();
-        assert!(multi_share.contains("line 2") && multi_share.contains("gpu_milli"), "{multi_share}");
+        assert!(
+            multi_share.contains("line 2") && multi_share.contains("gpu_milli"),
+            "{multi_share}"
+        );
 
         let above = pods("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,2,2000\n").unwrap_err();
         assert!(above.contains("above 1000"), "{above}");
 
         assert!(pods("").unwrap_err().contains("empty"));
-        assert!(pods("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n").unwrap_err().contains("empty"));
+        assert!(
+            pods("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n")
+                .unwrap_err()
+                .contains("empty")
+        );
     }
 
     #[test]
     fn reads_nodes_and_rejects_bad_ones() {
         let path = Path::new("nodes.csv");
-        let nodes = parse_nodes(path, b"sn,cpu_milli,memory_mib,gpu,model\nn0,96000,393216,8,G2\nn1,32000,1024,0,\n")
-            .expect("valid");
+        let nodes = parse_nodes(
+            path,
+            b"sn,cpu_milli,memory_mib,gpu,model\nn0,96000,393216,8,G2\nn1,32000,1024,0,\n",
+        )
+        .expect("valid");
         assert_eq!(nodes[0].gpu_count, 8);
         assert_eq!(nodes[1].model, "");
         let error = parse_nodes(path, b"sn,cpu_milli,memory_mib,gpu,model\nn0,96000,393216,9,G2\n")

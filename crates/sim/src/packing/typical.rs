@@ -158,6 +158,9 @@ mod tests {
         // No CPU left: everything is fragment.
         assert_eq!(typical.frag_milli(0, u64::MAX, &[1000, 300], 1), 1300.0);
         // 600 and 300: the 500-pod fits (fragment 300), the whole-GPU pod does not (fragment 900).
-        assert_eq!(typical.frag_milli(8000, u64::MAX, &[600, 300], 1), 0.5 * 300.0 + 0.5 * 900.0);
+        assert_eq!(
+            typical.frag_milli(8000, u64::MAX, &[600, 300], 1),
+            0.5 * 300.0 + 0.5 * 900.0
+        );
     }
 }
