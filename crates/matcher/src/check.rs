@@ -1,0 +1,159 @@
+//! The O(n) consistency check: recomputes every counter and index membership from the leases
+//! and compares. Tests and the simulator run it after every step; the hot path never does.
+
+use model::{GPU_MILLI_WHOLE, GPUS_PER_NODE_MAX};
+
+use crate::index::{Order, SHARE_BUCKETS, WHOLE_LEVELS};
+use crate::state::Matcher;
+
+impl Matcher {
+    pub fn consistency_check(&self) -> Result<(), String> {
+        let nodes = self.nodes.len();
+        let mut gpu_used = vec![[0u32; GPUS_PER_NODE_MAX]; nodes];
+        let mut cpu_used = vec![0u64; nodes];
+        let mut memory_used = vec![0u64; nodes];
+        let mut listed = vec![0usize; nodes];
+        let mut total_used = 0u64;
+        let mut live = 0usize;
+        for (slot, entry) in self.leases.iter().enumerate() {
+            if !entry.live {
+                continue;
+            }
+            live += 1;
+            let lease = &entry.lease;
+            let node = lease.node.index();
+            if node >= nodes {
+                return Err(format!("lease {} names node {} beyond the fleet", lease.id, lease.node));
+            }
+            if !self.loads[node].leases.contains(&(slot as u32)) {
+                return Err(format!("lease {} is not listed on node {}", lease.id, lease.node));
+            }
+            listed[node] += 1;
+            for (gpu, used) in gpu_used[node].iter_mut().enumerate() {
+                if lease.gpu_mask & (1 << gpu) != 0 {
+                    if gpu >= self.statics[node].gpu_count as usize {
+                        return Err(format!(
+                            "lease {} uses GPU {gpu} that node {} lacks",
+                            lease.id, lease.node
+                        ));
+                    }
+                    *used += u32::from(lease.gpu_milli);
+                }
+            }
+            cpu_used[node] += u64::from(lease.cpu_milli);
+            memory_used[node] += lease.memory_mib;
+            total_used += u64::from(lease.gpu_milli_total());
+            match self.jobs.get(&lease.job) {
+                Some(record) if record.leases.contains(&lease.id) && record.tier == entry.tier => {}
+                _ => return Err(format!("lease {} is missing from job {}'s record", lease.id, lease.job)),
+            }
+        }
+        let recorded: usize = self.jobs.values().map(|record| record.leases.len()).sum();
+        if recorded != live {
+            return Err(format!("job records list {recorded} leases, {live} are live"));
+        }
+        if total_used != self.gpu_milli_used {
+            return Err(format!(
+                "GPU milli used is {} but the leases hold {total_used}",
+                self.gpu_milli_used
+            ));
+        }
+        for node in 0..nodes {
+            let load = &self.loads[node];
+            let statics = &self.statics[node];
+            if listed[node] != load.leases.len() {
+                return Err(format!(
+                    "node {node} lists {} leases, {} are live there",
+                    load.leases.len(),
+                    listed[node]
+                ));
+            }
+            for (gpu, (&held, &counted)) in gpu_used[node].iter().zip(&load.gpu_used_milli).enumerate() {
+                if held > u32::from(GPU_MILLI_WHOLE) {
+                    return Err(format!("node {node} GPU {gpu} is over-committed: {held} milli"));
+                }
+                if held != u32::from(counted) {
+                    return Err(format!(
+                        "node {node} GPU {gpu} counts {counted} milli, leases hold {held}"
+                    ));
+                }
+            }
+            if cpu_used[node] != u64::from(load.cpu_used) || cpu_used[node] > u64::from(statics.cpu_milli) {
+                return Err(format!(
+                    "node {node} CPU counter {} vs leases {} (capacity {})",
+                    load.cpu_used, cpu_used[node], statics.cpu_milli
+                ));
+            }
+            if memory_used[node] != load.memory_used || memory_used[node] > statics.memory_mib {
+                return Err(format!(
+                    "node {node} memory counter {} vs leases {} (capacity {})",
+                    load.memory_used, memory_used[node], statics.memory_mib
+                ));
+            }
+            let expected = if load.offline {
+                (0, 0)
+            } else {
+                load.levels(statics.gpu_count)
+            };
+            if expected != (load.whole_free, load.share_bucket) {
+                return Err(format!(
+                    "node {node} levels {:?} should be {expected:?}",
+                    (load.whole_free, load.share_bucket)
+                ));
+            }
+        }
+        for (name, order) in [
+            ("by_model", &self.index.by_model),
+            ("by_region_model", &self.index.by_region_model),
+        ] {
+            self.check_order(name, order)?;
+        }
+        Ok(())
+    }
+
+    fn check_order(&self, name: &str, order: &Order) -> Result<(), String> {
+        let mut whole_counts = [0usize; WHOLE_LEVELS];
+        let mut share_counts = [0usize; SHARE_BUCKETS];
+        for (node, load) in self.loads.iter().enumerate() {
+            let rank = order.ranks[node] as usize;
+            if order.nodes[rank] as usize != node {
+                return Err(format!("{name}: rank {rank} does not map back to node {node}"));
+            }
+            for level in 1..WHOLE_LEVELS {
+                if order.whole[level].contains(rank) != (load.whole_free as usize == level) {
+                    return Err(format!(
+                        "{name}: node {node} membership of whole level {level} is wrong"
+                    ));
+                }
+            }
+            for bucket in 1..SHARE_BUCKETS {
+                if order.share[bucket].contains(rank) != (load.share_bucket as usize == bucket) {
+                    return Err(format!(
+                        "{name}: node {node} membership of share bucket {bucket} is wrong"
+                    ));
+                }
+            }
+            whole_counts[load.whole_free as usize] += 1;
+            share_counts[load.share_bucket as usize] += 1;
+        }
+        for (level, &count) in whole_counts.iter().enumerate().skip(1) {
+            if order.whole[level].len() != count {
+                return Err(format!(
+                    "{name}: whole level {level} holds {} nodes, {} belong",
+                    order.whole[level].len(),
+                    count
+                ));
+            }
+        }
+        for (bucket, &count) in share_counts.iter().enumerate().skip(1) {
+            if order.share[bucket].len() != count {
+                return Err(format!(
+                    "{name}: share bucket {bucket} holds {} nodes, {} belong",
+                    order.share[bucket].len(),
+                    count
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,162 @@
+//! Capacity indexes. Nodes are laid out in two orders — by (model, key) and by
+//! (region, model, key), where the key is the node's effective ask per compute unit — so that
+//! every model, and every (region, model) pair, is a contiguous range of ranks. For each
+//! capacity level (whole GPUs free: 1..=16; best free share on a shared GPU: 10 buckets) a
+//! [`RankSet`] holds the ranks of the nodes at that level. "The cheapest node in region r with
+//! model m and exactly 3 whole GPUs free" is one `next_at_or_after` on one set.
+
+use std::ops::Range;
+
+use model::GPUS_PER_NODE_MAX;
+
+use crate::rankset::RankSet;
+use crate::state::{NodeLoad, NodeStatic};
+
+pub(crate) const WHOLE_LEVELS: usize = GPUS_PER_NODE_MAX + 1;
+pub(crate) const SHARE_BUCKETS: usize = 11;
+
+/// One node order with its level sets.
+#[derive(Clone, Debug)]
+pub(crate) struct Order {
+    /// rank → node
+    pub nodes: Vec<u32>,
+    /// node → rank
+    pub ranks: Vec<u32>,
+    /// `whole[f]`: nodes with exactly f whole GPUs free (f ≥ 1).
+    pub whole: Vec<RankSet>,
+    /// `share[b]`: nodes whose best partly used GPU has a free share in bucket b (b ≥ 1).
+    pub share: Vec<RankSet>,
+}
+
+impl Order {
+    fn build(statics: &[NodeStatic], loads: &[NodeLoad], sort_key: impl Fn(usize) -> (u64, u64)) -> Order {
+        let mut nodes: Vec<u32> = (0..statics.len() as u32).collect();
+        nodes.sort_by_key(|&node| (sort_key(node as usize), node));
+        let mut ranks = vec![0u32; statics.len()];
+        for (rank, &node) in nodes.iter().enumerate() {
+            ranks[node as usize] = rank as u32;
+        }
+        let mut order = Order {
+            whole: (0..WHOLE_LEVELS).map(|_| RankSet::new(statics.len())).collect(),
+            share: (0..SHARE_BUCKETS).map(|_| RankSet::new(statics.len())).collect(),
+            nodes,
+            ranks,
+        };
+        for (node, load) in loads.iter().enumerate() {
+            order.set(node, (load.whole_free, load.share_bucket), true);
+        }
+        order
+    }
+
+    fn set(&mut self, node: usize, (whole, bucket): (u8, u8), present: bool) {
+        let rank = self.ranks[node] as usize;
+        if whole > 0 {
+            if present {
+                self.whole[whole as usize].insert(rank)
+            } else {
+                self.whole[whole as usize].remove(rank)
+            }
+        }
+        if bucket > 0 {
+            if present {
+                self.share[bucket as usize].insert(rank)
+            } else {
+                self.share[bucket as usize].remove(rank)
+            }
+        }
+    }
+}
+
+/// A contiguous range of ranks holding one model (and region), with facts for pruning it whole.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RangeInfo {
+    pub ranks: Range<u32>,
+    pub model: u16,
+    /// Lowest base ask per tier in the range (a price cap below it rules the range out).
+    pub ask_min: [i64; 3],
+    pub gpu_count_max: u8,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Index {
+    pub by_model: Order,
+    pub by_region_model: Order,
+    /// Ranges of `by_model`, one per model present.
+    pub model_ranges: Vec<RangeInfo>,
+    /// Ranges of `by_region_model`: `region_ranges[r]` lists that region's model ranges.
+    pub region_ranges: Vec<Vec<RangeInfo>>,
+}
+
+impl Index {
+    pub fn build(statics: &[NodeStatic], loads: &[NodeLoad], regions: usize, models: usize) -> Index {
+        let by_model = Order::build(statics, loads, |node| {
+            (u64::from(statics[node].model), statics[node].key)
+        });
+        let by_region_model = Order::build(statics, loads, |node| {
+            (
+                (u64::from(statics[node].region) << 16) | u64::from(statics[node].model),
+                statics[node].key,
+            )
+        });
+        let model_ranges = ranges(&by_model.nodes, statics, |node| statics[node].model as usize);
+        let mut region_ranges = vec![Vec::new(); regions];
+        for range in ranges(&by_region_model.nodes, statics, |node| {
+            ((statics[node].region as usize) << 16) | statics[node].model as usize
+        }) {
+            let first = by_region_model.nodes[range.ranks.start as usize] as usize;
+            let region = statics[first].region as usize;
+            if region >= region_ranges.len() {
+                region_ranges.resize(region + 1, Vec::new());
+            }
+            region_ranges[region].push(range);
+        }
+        let _ = models;
+        Index {
+            by_model,
+            by_region_model,
+            model_ranges,
+            region_ranges,
+        }
+    }
+
+    pub fn move_node(&mut self, node: usize, from: (u8, u8), to: (u8, u8)) {
+        for order in [&mut self.by_model, &mut self.by_region_model] {
+            order.set(node, from, false);
+            order.set(node, to, true);
+        }
+    }
+}
+
+/// Splits an order into maximal runs with the same group.
+fn ranges(order: &[u32], statics: &[NodeStatic], group: impl Fn(usize) -> usize) -> Vec<RangeInfo> {
+    let mut result: Vec<RangeInfo> = Vec::new();
+    let mut current_group = usize::MAX;
+    for (rank, &node) in order.iter().enumerate() {
+        let node = node as usize;
+        let statics = &statics[node];
+        let this_group = group(node);
+        if this_group != current_group || result.is_empty() {
+            current_group = this_group;
+            result.push(RangeInfo {
+                ranks: rank as u32..rank as u32,
+                model: statics.model,
+                ask_min: [i64::MAX; 3],
+                gpu_count_max: 0,
+            });
+        }
+        let range = result.last_mut().expect("pushed above");
+        range.ranks.end = rank as u32 + 1;
+        for tier in 0..3 {
+            if statics.tiers & (1 << tier) != 0 {
+                let floor = if statics.asks[tier] == i64::MAX {
+                    i64::MAX
+                } else {
+                    statics.asks[tier] / 1000 * i64::from(statics.ask_floor_permille)
+                };
+                range.ask_min[tier] = range.ask_min[tier].min(floor);
+            }
+        }
+        range.gpu_count_max = range.gpu_count_max.max(statics.gpu_count);
+    }
+    result
+}

@@ -1,0 +1,351 @@
+//! Preemption lanes and gang repair. Gold and silver work that does not fit may displace
+//! bronze work, never each other: on each node the bronze leases that lose the least work
+//! (GPU-seconds since their last checkpoint) go first, and a gang takes the domain whose
+//! victims lose the least in total. Gang repair replaces only the lost replicas of a running
+//! gang, as close to the survivors as the topology allows.
+
+use model::{JobId, JobSpec, Lease, LeaseId, NodeId, Tier, Timestamp, TopologyLevel};
+
+use crate::fit::{Fit, JobContext};
+use crate::search::light_copy;
+use crate::state::{Matcher, NodeLoad, apply_usage};
+use crate::{Placement, Unplaced};
+
+/// A lease to be preempted: SIGTERM now, kill after `grace_s`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Victim {
+    pub lease: LeaseId,
+    pub job: JobId,
+    pub tier: Tier,
+    pub node: NodeId,
+    pub gpus: u32,
+    /// Work lost: GPU-seconds since the victim's last checkpoint (or its start).
+    pub lost_gpu_seconds: u64,
+    pub grace_s: u32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PreemptionPlan {
+    pub placement: Placement,
+    pub victims: Vec<Victim>,
+}
+
+/// One replica's place on a node, with the victims it needs.
+#[derive(Clone, Debug)]
+struct Slot {
+    domain: u64,
+    /// Topology distance from where the lost replica ran (repair only; 0 otherwise).
+    distance: u8,
+    lost_gpu_seconds: u64,
+    score: u64,
+    node: u32,
+    /// Position among the node's slots: slot i is valid only together with slots 0..i.
+    sequence: u32,
+    fit: Fit,
+    victims: Vec<u32>,
+}
+
+impl Matcher {
+    /// GPU-seconds a lease loses if stopped now.
+    fn lost_work(&self, slot: u32, now: Timestamp) -> u64 {
+        let entry = &self.leases[slot as usize];
+        let lease = &entry.lease;
+        let checkpoint = self
+            .jobs
+            .get(&lease.job)
+            .map_or(0, |record| record.checkpoint_interval_s);
+        let ran = (now - lease.start).max(0) as u64;
+        let since_checkpoint = if checkpoint > 0 {
+            ran % u64::from(checkpoint)
+        } else {
+            ran
+        };
+        since_checkpoint * u64::from(lease.gpu_milli_total()) / 1000
+    }
+
+    /// The replica places a node offers to a job, evicting bronze leases (least lost work first)
+    /// where free capacity is not enough, up to `limit` replicas.
+    fn node_slots(
+        &self,
+        node: usize,
+        context: &JobContext,
+        limit: u32,
+        now: Timestamp,
+        out: &mut Vec<Slot>,
+        distance: u8,
+    ) {
+        let load = &self.loads[node];
+        if self.static_check(node, context).is_err() {
+            return;
+        }
+        let mut bronze: Vec<(u64, u32)> = load
+            .leases
+            .iter()
+            .filter(|slot| self.leases[**slot as usize].tier == Tier::Bronze)
+            .map(|slot| (self.lost_work(*slot, now), *slot))
+            .collect();
+        let mut scratch: NodeLoad = light_copy(load);
+        if bronze.is_empty() && self.fit_on(node, &scratch, context).is_err() {
+            return;
+        }
+        bronze.sort_unstable();
+        let mut evicted: Vec<u32> = Vec::new();
+        let mut next_victim = 0;
+        let mut placed = 0;
+        let mut lost_so_far = 0u64;
+        let domain = self.domain_of(node, context.job.topology);
+        while placed < limit {
+            match self.fit_on(node, &scratch, context) {
+                Ok(fit) => {
+                    let lease = self.lease_for(context, &fit, 0, fit.ask);
+                    apply_usage(&mut scratch, &self.statics[node], &lease, true);
+                    lost_so_far += evicted.iter().map(|slot| self.lost_work(*slot, now)).sum::<u64>();
+                    let lost = lost_so_far;
+                    out.push(Slot {
+                        domain,
+                        distance,
+                        lost_gpu_seconds: lost,
+                        score: fit.score,
+                        node: node as u32,
+                        sequence: placed,
+                        fit,
+                        victims: std::mem::take(&mut evicted),
+                    });
+                    placed += 1;
+                }
+                Err(_) if next_victim < bronze.len() => {
+                    let slot = bronze[next_victim].1;
+                    next_victim += 1;
+                    let released = apply_usage(
+                        &mut scratch,
+                        &self.statics[node],
+                        &self.leases[slot as usize].lease,
+                        false,
+                    );
+                    debug_assert!(released, "a node's leases are in its load");
+                    evicted.push(slot);
+                }
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Plans a gold or silver job, preempting bronze work if it does not fit as things are.
+    pub fn plan_preemption(&self, job: &JobSpec, now: Timestamp) -> Result<PreemptionPlan, Unplaced> {
+        self.validate(job)?;
+        if job.tier == Tier::Bronze {
+            return Err(Unplaced::InvalidJob {
+                job: job.id,
+                reason: "bronze work never preempts".into(),
+            });
+        }
+        if let Ok(placement) = self.plan(job, now) {
+            return Ok(PreemptionPlan {
+                placement,
+                victims: Vec::new(),
+            });
+        }
+        let context = JobContext::new(job, now);
+        let mut slots = Vec::new();
+        for (order, range) in self.ranges_for(&context) {
+            for rank in range.ranks.clone() {
+                self.node_slots(
+                    order.nodes[rank as usize] as usize,
+                    &context,
+                    job.replicas,
+                    now,
+                    &mut slots,
+                    0,
+                );
+            }
+        }
+        let chosen = choose_domain(&mut slots, job.replicas, job.topology).ok_or(Unplaced::NoDomainFits {
+            job: job.id,
+            level: job.topology.name(),
+            replicas: job.replicas,
+            best: 0,
+        })?;
+        // A node's later slots are valid only with its earlier ones: take each chosen node's first slots.
+        let mut per_node: Vec<(u32, u32)> = Vec::new();
+        for slot in &slots[chosen] {
+            match per_node.iter_mut().find(|(node, _)| *node == slot.node) {
+                Some(entry) => entry.1 += 1,
+                None => per_node.push((slot.node, 1)),
+            }
+        }
+        per_node.sort_unstable();
+        let mut selected: Vec<Slot> = slots
+            .iter()
+            .filter(|slot| {
+                per_node
+                    .binary_search_by_key(&slot.node, |(node, _)| *node)
+                    .is_ok_and(|position| slot.sequence < per_node[position].1)
+            })
+            .cloned()
+            .collect();
+        selected.sort_by_key(|slot| (slot.lost_gpu_seconds, slot.score, slot.node, slot.sequence));
+        Ok(self.preemption_plan(&context, &selected, now))
+    }
+
+    fn preemption_plan(&self, context: &JobContext, slots: &[Slot], now: Timestamp) -> PreemptionPlan {
+        let fits: Vec<(Fit, u32)> = slots
+            .iter()
+            .enumerate()
+            .map(|(index, slot)| (slot.fit, index as u32))
+            .collect();
+        let placement = self.placement(context, &fits, None);
+        let mut victims: Vec<Victim> = slots
+            .iter()
+            .flat_map(|slot| slot.victims.iter())
+            .map(|slot| {
+                let entry = &self.leases[*slot as usize];
+                Victim {
+                    lease: entry.lease.id,
+                    job: entry.lease.job,
+                    tier: entry.tier,
+                    node: entry.lease.node,
+                    gpus: entry.lease.gpu_count(),
+                    lost_gpu_seconds: self.lost_work(*slot, now),
+                    grace_s: self.config.preemption_grace_s,
+                }
+            })
+            .collect();
+        victims.sort_by_key(|victim| victim.lease);
+        victims.dedup_by_key(|victim| victim.lease);
+        PreemptionPlan { placement, victims }
+    }
+
+    /// Applies a preemption plan: releases the victims, then commits the placement. (The
+    /// coordinator gives victims their grace period before their capacity is reused.)
+    pub fn commit_preemption(&mut self, plan: &PreemptionPlan) -> Result<Vec<Lease>, crate::CommitError> {
+        for victim in &plan.victims {
+            self.release_lease(victim.lease);
+        }
+        self.commit_inner(&plan.placement, false)
+    }
+
+    /// Replaces the lost replicas of a running gang (their leases already ended, e.g. by
+    /// [`Matcher::set_node_offline`]): same NVLink domain as before if a spare exists, then
+    /// the same fabric, then anywhere the job's topology level allows around the survivors;
+    /// bronze is preempted when nothing is free.
+    pub fn plan_repair(&self, job: &JobSpec, lost: &[Lease], now: Timestamp) -> Result<PreemptionPlan, Unplaced> {
+        self.validate(job)?;
+        let context = JobContext::new(job, now);
+        let survivors = self.job_leases(job.id);
+        let anchor = survivors
+            .first()
+            .map(|lease| self.domain_of(lease.node.index(), job.topology));
+        let mut chosen: Vec<Slot> = Vec::new();
+        let mut used: Vec<(usize, NodeLoad)> = Vec::new();
+        for lost_lease in lost {
+            let old_path = self.nodes[lost_lease.node.index()].path;
+            let mut slots = Vec::new();
+            for (order, range) in self.ranges_for(&context) {
+                for rank in range.ranks.clone() {
+                    let node = order.nodes[rank as usize] as usize;
+                    if anchor.is_some_and(|domain| self.domain_of(node, job.topology) != domain) {
+                        continue;
+                    }
+                    let path = self.nodes[node].path;
+                    let distance = if path.nvlink == old_path.nvlink {
+                        0
+                    } else if path.fabric == old_path.fabric {
+                        1
+                    } else {
+                        2
+                    };
+                    if let Some((_, scratch)) = used.iter().find(|(index, _)| *index == node) {
+                        if let Ok(fit) = self.fit_on(node, scratch, &context) {
+                            let domain = self.domain_of(node, job.topology);
+                            slots.push(Slot {
+                                domain,
+                                distance,
+                                lost_gpu_seconds: 0,
+                                score: fit.score,
+                                node: node as u32,
+                                sequence: 0,
+                                fit,
+                                victims: Vec::new(),
+                            });
+                        }
+                        continue;
+                    }
+                    self.node_slots(node, &context, 1, now, &mut slots, distance);
+                }
+            }
+            let best = slots
+                .into_iter()
+                .filter(|slot| {
+                    !slot
+                        .victims
+                        .iter()
+                        .any(|victim| chosen.iter().any(|other| other.victims.contains(victim)))
+                })
+                .min_by_key(|slot| {
+                    (
+                        slot.distance,
+                        !slot.victims.is_empty(),
+                        slot.lost_gpu_seconds,
+                        slot.score,
+                        slot.node,
+                    )
+                })
+                .ok_or(Unplaced::NoFeasibleNode(job.id))?;
+            let node = best.node as usize;
+            let position = match used.iter().position(|(index, _)| *index == node) {
+                Some(position) => position,
+                None => {
+                    used.push((node, light_copy(&self.loads[node])));
+                    used.len() - 1
+                }
+            };
+            for victim in &best.victims {
+                apply_usage(
+                    &mut used[position].1,
+                    &self.statics[node],
+                    &self.leases[*victim as usize].lease,
+                    false,
+                );
+            }
+            let lease = self.lease_for(&context, &best.fit, lost_lease.replica, best.fit.ask);
+            apply_usage(&mut used[position].1, &self.statics[node], &lease, true);
+            chosen.push(best);
+        }
+        let mut plan = self.preemption_plan(&context, &chosen, now);
+        for (lease, lost_lease) in plan.placement.leases.iter_mut().zip(lost) {
+            lease.replica = lost_lease.replica;
+        }
+        Ok(plan)
+    }
+
+    /// Applies a repair plan: releases the victims and adds the replacement leases to the job.
+    pub fn commit_repair(&mut self, plan: &PreemptionPlan) -> Result<Vec<Lease>, crate::CommitError> {
+        for victim in &plan.victims {
+            self.release_lease(victim.lease);
+        }
+        self.commit_inner(&plan.placement, true)
+    }
+}
+
+/// Picks the domain whose cheapest `replicas` slots lose the least work (then cost less),
+/// reorders `slots` so the chosen ones come first, and returns their range.
+fn choose_domain(slots: &mut [Slot], replicas: u32, _level: TopologyLevel) -> Option<std::ops::Range<usize>> {
+    slots.sort_unstable_by_key(|slot| (slot.domain, slot.lost_gpu_seconds, slot.score, slot.node));
+    let replicas = replicas as usize;
+    let mut best: Option<((u128, u128, u64), usize)> = None;
+    let mut start = 0;
+    while start < slots.len() {
+        let domain = slots[start].domain;
+        let end = start + slots[start..].iter().take_while(|slot| slot.domain == domain).count();
+        if end - start >= replicas {
+            let taken = &slots[start..start + replicas];
+            let lost: u128 = taken.iter().map(|slot| u128::from(slot.lost_gpu_seconds)).sum();
+            let score: u128 = taken.iter().map(|slot| u128::from(slot.score)).sum();
+            if best.is_none_or(|(key, _)| (lost, score, domain) < key) {
+                best = Some(((lost, score, domain), start));
+            }
+        }
+        start = end;
+    }
+    best.map(|(_, start)| start..start + replicas)
+}

@@ -1,0 +1,370 @@
+//! Selection: single-replica jobs walk the capacity indexes for the best node per level;
+//! gangs gather every candidate, group them by the required topology domain and take the
+//! cheapest domain that holds all replicas. Both end in the uniform (k+1)-price auction.
+
+use model::{
+    GPU_MILLI_WHOLE, GpuCatalog, GpuDemand, GpuModel, JobSpec, Lease, LeaseId, LeaseState, Micros, NodeId, Timestamp,
+    TopologyLevel,
+};
+
+use crate::fit::{Fit, JobContext};
+use crate::index::{Order, RangeInfo, SHARE_BUCKETS, WHOLE_LEVELS};
+use crate::state::{Matcher, NodeLoad, apply_usage};
+use crate::{Placement, Unplaced};
+
+/// The most replicas one gang may have.
+pub const GANG_REPLICAS_MAX: u32 = 1 << 20;
+
+/// A copy of a node's usage without its lease list, for trying several replicas on it.
+pub(crate) fn light_copy(load: &NodeLoad) -> NodeLoad {
+    NodeLoad {
+        gpu_used_milli: load.gpu_used_milli,
+        cpu_used: load.cpu_used,
+        memory_used: load.memory_used,
+        whole_free: load.whole_free,
+        share_bucket: load.share_bucket,
+        offline: load.offline,
+        leases: Vec::new(),
+    }
+}
+
+impl Matcher {
+    /// Checks a job spec for contradictions a placement cannot fix.
+    pub(crate) fn validate(&self, job: &JobSpec) -> Result<(), Unplaced> {
+        let invalid = |reason: &str| {
+            Err(Unplaced::InvalidJob {
+                job: job.id,
+                reason: reason.to_string(),
+            })
+        };
+        if job.replicas == 0 || job.replicas > GANG_REPLICAS_MAX {
+            return invalid(&format!("replicas must be 1..={GANG_REPLICAS_MAX}"));
+        }
+        match job.resources.gpu {
+            GpuDemand::Whole { count } if count == 0 || count as usize > model::GPUS_PER_NODE_MAX => {
+                return invalid(&format!("a replica takes 1..={} whole GPUs", model::GPUS_PER_NODE_MAX));
+            }
+            GpuDemand::Share { milli } if milli == 0 || milli >= GPU_MILLI_WHOLE => {
+                return invalid("a GPU share is 1..999 milli-GPU; ask for whole GPUs above that");
+            }
+            GpuDemand::ComputeUnits { cu_milli: 0 } => return invalid("a compute-unit target must be positive"),
+            _ => {}
+        }
+        if job.max_price.0 <= 0 {
+            return invalid("the max price per GPU-hour must be positive");
+        }
+        if job.max_runtime_s == 0 {
+            return invalid("the max runtime must be positive");
+        }
+        Ok(())
+    }
+
+    /// Plans a job on the current state without changing it.
+    pub fn plan(&self, job: &JobSpec, now: Timestamp) -> Result<Placement, Unplaced> {
+        self.validate(job)?;
+        let context = JobContext::new(job, now);
+        if job.replicas == 1 {
+            self.plan_single(&context)
+        } else {
+            self.plan_gang(&context)
+        }
+    }
+
+    /// The node ranges a job may use: per (region, model) with a region list, else per model.
+    pub(crate) fn ranges_for<'a>(
+        &'a self,
+        context: &'a JobContext,
+    ) -> impl Iterator<Item = (&'a Order, &'a RangeInfo)> + 'a {
+        let tier = context.tier as usize;
+        let max_price = context.job.max_price.0;
+        let by_region: Box<dyn Iterator<Item = (&Order, &RangeInfo)>> = if context.job.regions.is_empty() {
+            Box::new(
+                self.index
+                    .model_ranges
+                    .iter()
+                    .map(|range| (&self.index.by_model, range)),
+            )
+        } else {
+            Box::new(context.job.regions.iter().flat_map(move |region| {
+                self.index
+                    .region_ranges
+                    .get(region.index())
+                    .into_iter()
+                    .flatten()
+                    .map(|range| (&self.index.by_region_model, range))
+            }))
+        };
+        by_region.filter(move |(_, range)| context.model_allowed(range.model) && range.ask_min[tier] <= max_price)
+    }
+
+    /// Whole GPUs a replica takes on this range's model.
+    fn whole_for_range(&self, context: &JobContext, range: &RangeInfo) -> Option<u8> {
+        match context.job.resources.gpu {
+            GpuDemand::None | GpuDemand::Share { .. } => Some(0),
+            GpuDemand::Whole { count } => Some(count),
+            GpuDemand::ComputeUnits { cu_milli } => {
+                let model_cu = GpuCatalog::embedded().spec(GpuModel(range.model)).cu_milli;
+                u8::try_from(cu_milli.div_ceil(model_cu.max(1)))
+                    .ok()
+                    .filter(|count| *count <= range.gpu_count_max)
+            }
+        }
+    }
+
+    /// Calls `visit` with each node of a range that may have capacity for one replica, level
+    /// by level, cheapest first within a level. `visit` says whether the node was feasible; a
+    /// level stops after `per_level` feasible nodes.
+    pub(crate) fn walk_levels(
+        &self,
+        order: &Order,
+        range: &RangeInfo,
+        context: &JobContext,
+        per_level: usize,
+        mut visit: impl FnMut(usize) -> bool,
+    ) {
+        let start = range.ranks.start as usize;
+        let end = range.ranks.end as usize;
+        let top = (range.gpu_count_max as usize).min(WHOLE_LEVELS - 1);
+        let mut walk = |members: &mut dyn Iterator<Item = usize>| {
+            let mut feasible = 0;
+            for rank in members {
+                if visit(order.nodes[rank] as usize) {
+                    feasible += 1;
+                    if feasible >= per_level {
+                        break;
+                    }
+                }
+            }
+        };
+        match context.job.resources.gpu {
+            GpuDemand::Share { milli } => {
+                let first_bucket = (milli / 100) as usize + 1;
+                for bucket in first_bucket..SHARE_BUCKETS {
+                    walk(&mut order.share[bucket].iter_range(start, end));
+                }
+                for level in 1..=top {
+                    walk(&mut order.whole[level].iter_range(start, end));
+                }
+            }
+            // CPU-only work is rare and may use full nodes: scan the range.
+            GpuDemand::None => walk(&mut (start..end)),
+            _ => {
+                let Some(wanted) = self.whole_for_range(context, range) else {
+                    return;
+                };
+                for level in (wanted as usize).max(1)..=top {
+                    walk(&mut order.whole[level].iter_range(start, end));
+                }
+            }
+        }
+    }
+
+    fn plan_single(&self, context: &JobContext) -> Result<Placement, Unplaced> {
+        let per_level = if context.rescored {
+            self.config.candidates_per_level_rescored
+        } else {
+            self.config.candidates_per_level
+        };
+        let mut candidates: Vec<Fit> = Vec::new();
+        for (order, range) in self.ranges_for(context) {
+            self.walk_levels(order, range, context, per_level, |node| {
+                match self.fit_on(node, &self.loads[node], context) {
+                    Ok(fit) => {
+                        candidates.push(fit);
+                        true
+                    }
+                    Err(_) => false,
+                }
+            });
+        }
+        let winner = candidates
+            .iter()
+            .min_by_key(|fit| (fit.score, fit.node))
+            .copied()
+            .ok_or(Unplaced::NoFeasibleNode(context.job.id))?;
+        let loser = candidates
+            .iter()
+            .filter(|fit| fit.node != winner.node)
+            .min_by_key(|fit| (fit.effective, fit.node));
+        Ok(self.placement(context, &[(winner, 0)], loser))
+    }
+
+    /// Turns chosen fits (with their replica numbers) into a placement at the uniform price.
+    pub(crate) fn placement(&self, context: &JobContext, chosen: &[(Fit, u32)], loser: Option<&Fit>) -> Placement {
+        let job = context.job;
+        let leases = chosen
+            .iter()
+            .map(|(fit, replica)| self.lease_for(context, fit, *replica, self.price_for(fit, loser, job.max_price)))
+            .collect();
+        Placement {
+            job: job.id,
+            tier: job.tier,
+            leases,
+            clearing_price_per_cu_hour: loser.map(|loser| Micros(loser.effective.min(i64::MAX as u64) as i64)),
+            preempt_at: chosen.iter().filter_map(|(fit, _)| fit.preempt_at).min(),
+            checkpoint_interval_s: job.checkpoint_interval_s,
+        }
+    }
+
+    pub(crate) fn lease_for(&self, context: &JobContext, fit: &Fit, replica: u32, price: Micros) -> Lease {
+        let job = context.job;
+        Lease {
+            id: LeaseId(0),
+            job: job.id,
+            replica,
+            node: NodeId(fit.node),
+            gpu_mask: fit.gpu_mask,
+            gpu_milli: fit.gpu_milli,
+            cpu_milli: job.resources.cpu_milli,
+            memory_mib: job.resources.memory_mib,
+            epoch: 0,
+            start: context.now,
+            expected_end: context.now.saturating_add(i64::from(job.max_runtime_s)),
+            price,
+            state: LeaseState::Pending,
+        }
+    }
+
+    /// The (k+1)-price converted to this winner's terms — the loser's ask scaled by the ratio of
+    /// delivered compute (cu × reliability^α) — never below the winner's ask nor above the cap.
+    pub(crate) fn price_for(&self, fit: &Fit, loser: Option<&Fit>, max_price: Micros) -> Micros {
+        let Some(loser) = loser else { return fit.ask };
+        let winner_statics = &self.statics[fit.node as usize];
+        let loser_statics = &self.statics[loser.node as usize];
+        let numerator = i128::from(loser.ask.0)
+            * i128::from(winner_statics.cu_milli)
+            * i128::from(winner_statics.reliability_weight_ppm);
+        let denominator =
+            i128::from(loser_statics.cu_milli.max(1)) * i128::from(loser_statics.reliability_weight_ppm.max(1));
+        let converted = Micros(i64::try_from((numerator + denominator / 2) / denominator).unwrap_or(i64::MAX));
+        converted.max(fit.ask).min(max_price.max(fit.ask))
+    }
+
+    /// Gangs: every candidate, grouped by the required topology domain; the cheapest domain
+    /// that holds all replicas wins.
+    fn plan_gang(&self, context: &JobContext) -> Result<Placement, Unplaced> {
+        let job = context.job;
+        let replicas = job.replicas;
+        // (domain, score, node, replicas the node can hold, first fit)
+        let mut candidates: Vec<(u64, u64, u32, u32, Fit)> = Vec::new();
+        for (order, range) in self.ranges_for(context) {
+            self.walk_levels(order, range, context, usize::MAX, |node| {
+                let load = &self.loads[node];
+                if let Ok(fit) = self.fit_on(node, load, context) {
+                    let capacity = self.replica_capacity(node, load, context, replicas);
+                    candidates.push((
+                        self.domain_of(node, job.topology),
+                        fit.score,
+                        node as u32,
+                        capacity,
+                        fit,
+                    ));
+                }
+                true
+            });
+        }
+        candidates.sort_unstable_by_key(|(domain, score, node, _, _)| (*domain, *score, *node));
+        candidates.dedup_by_key(|(domain, _, node, _, _)| (*domain, *node));
+        let mut best: Option<(u128, u64, usize, usize)> = None; // (cost, domain, start, end)
+        let mut best_held = 0u32;
+        let mut start = 0;
+        while start < candidates.len() {
+            let domain = candidates[start].0;
+            let end = start
+                + candidates[start..]
+                    .iter()
+                    .take_while(|candidate| candidate.0 == domain)
+                    .count();
+            let group = &candidates[start..end];
+            let held: u64 = group.iter().map(|candidate| u64::from(candidate.3)).sum();
+            best_held = best_held.max(held.min(u64::from(u32::MAX)) as u32);
+            if held >= u64::from(replicas) {
+                let mut remaining = replicas;
+                let mut cost: u128 = 0;
+                for candidate in group {
+                    let take = candidate.3.min(remaining);
+                    cost += u128::from(candidate.1) * u128::from(take);
+                    remaining -= take;
+                    if remaining == 0 {
+                        break;
+                    }
+                }
+                if best.is_none_or(|(best_cost, best_domain, _, _)| (cost, domain) < (best_cost, best_domain)) {
+                    best = Some((cost, domain, start, end));
+                }
+            }
+            start = end;
+        }
+        let Some((_, _, start, end)) = best else {
+            return Err(Unplaced::NoDomainFits {
+                job: job.id,
+                level: job.topology.name(),
+                replicas,
+                best: best_held,
+            });
+        };
+        let mut chosen: Vec<(Fit, u32)> = Vec::with_capacity(replicas as usize);
+        let mut loser = None;
+        for candidate in &candidates[start..end] {
+            if chosen.len() as u32 == replicas {
+                loser = Some(candidate.4);
+                break;
+            }
+            let node = candidate.2 as usize;
+            let mut scratch = light_copy(&self.loads[node]);
+            while (chosen.len() as u32) < replicas {
+                let Ok(fit) = self.fit_on(node, &scratch, context) else {
+                    break;
+                };
+                let replica = chosen.len() as u32;
+                let lease = self.lease_for(context, &fit, replica, Micros::ZERO);
+                let applied = apply_usage(&mut scratch, &self.statics[node], &lease, true);
+                debug_assert!(applied, "fit_on checked the capacity");
+                chosen.push((fit, replica));
+            }
+        }
+        assert_eq!(
+            chosen.len() as u32,
+            replicas,
+            "the domain was counted to hold every replica"
+        );
+        Ok(self.placement(context, &chosen, loser.as_ref()))
+    }
+
+    /// How many replicas (up to `limit`) fit on a node now.
+    pub(crate) fn replica_capacity(&self, node: usize, load: &NodeLoad, context: &JobContext, limit: u32) -> u32 {
+        let statics = &self.statics[node];
+        let resources = &context.job.resources;
+        let by_cpu = (statics.cpu_milli - load.cpu_used)
+            .checked_div(resources.cpu_milli)
+            .unwrap_or(u32::MAX);
+        let by_memory = (statics.memory_mib - load.memory_used)
+            .checked_div(resources.memory_mib)
+            .map_or(u32::MAX, |count| count.min(u64::from(u32::MAX)) as u32);
+        let by_gpu = match context.job.resources.gpu {
+            GpuDemand::None => u32::MAX,
+            GpuDemand::Share { milli } => load.gpu_used_milli[..statics.gpu_count as usize]
+                .iter()
+                .map(|used| u32::from((GPU_MILLI_WHOLE - used) / milli))
+                .sum(),
+            _ => match context.whole_gpus(statics) {
+                Some(wanted) if wanted > 0 => u32::from(load.whole_free) / u32::from(wanted),
+                _ => 0,
+            },
+        };
+        by_cpu.min(by_memory).min(by_gpu).min(limit)
+    }
+
+    /// The id of the topology domain at `level` that holds a node.
+    pub(crate) fn domain_of(&self, node: usize, level: TopologyLevel) -> u64 {
+        let path = &self.nodes[node].path;
+        match level {
+            TopologyLevel::Node => node as u64,
+            TopologyLevel::Nvlink => u64::from(path.nvlink.0),
+            TopologyLevel::Fabric => u64::from(path.fabric.0),
+            TopologyLevel::Site => u64::from(path.site.0),
+            TopologyLevel::Region => u64::from(path.region.0),
+            TopologyLevel::Any => 0,
+        }
+    }
+}

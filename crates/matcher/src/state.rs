@@ -1,0 +1,482 @@
+//! The matcher's in-memory state: node facts in a hot array, per-node load, the lease slab,
+//! job records, and the commit / release paths that keep the indexes in step.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use model::{
+    GPU_MILLI_WHOLE, GPUS_PER_NODE_MAX, GpuCatalog, JobId, Lease, LeaseId, LeaseState, Node, NodeId, Tier, Timestamp,
+    Topology,
+};
+
+use crate::index::Index;
+use crate::reserve::Reservations;
+use crate::{CommitError, MatcherConfig, Placement};
+
+/// Facts about a node the hot path reads, packed together (the full [`Node`] stays cold).
+#[derive(Clone, Debug)]
+pub(crate) struct NodeStatic {
+    pub region: u16,
+    pub model: u16,
+    pub gpu_count: u8,
+    pub tiers: u8,
+    pub classes: u8,
+    pub always_available: bool,
+    pub has_price_rules: bool,
+    /// The lowest multiplier of the price schedule (≤ 1000): base asks × this bound every ask.
+    pub ask_floor_permille: u32,
+    pub cpu_milli: u32,
+    pub memory_mib: u64,
+    pub gpu_memory_mib: u32,
+    pub cu_milli: u32,
+    /// reliability^α in parts per million.
+    pub reliability_weight_ppm: u32,
+    pub reliability_ppm: u32,
+    /// Base asks per tier in micro-dollars per GPU-hour; `i64::MAX` where the tier is not sold.
+    pub asks: [i64; 3],
+    /// The order key: the node's lowest base ask as an effective ask per compute-unit-hour.
+    pub key: u64,
+}
+
+/// What is in use on a node now.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct NodeLoad {
+    pub gpu_used_milli: [u16; GPUS_PER_NODE_MAX],
+    pub cpu_used: u32,
+    pub memory_used: u64,
+    /// Current capacity level: GPUs with nothing on them.
+    pub whole_free: u8,
+    /// Largest free share among partly used GPUs, as a bucket (0 = none, 1..=10 for 1..999 milli).
+    pub share_bucket: u8,
+    pub offline: bool,
+    pub leases: Vec<u32>,
+}
+
+impl NodeLoad {
+    pub fn levels(&self, gpu_count: u8) -> (u8, u8) {
+        let mut whole = 0u8;
+        let mut best_partial = 0u16;
+        for &used in &self.gpu_used_milli[..gpu_count as usize] {
+            if used == 0 {
+                whole += 1;
+            } else if used < GPU_MILLI_WHOLE {
+                best_partial = best_partial.max(GPU_MILLI_WHOLE - used);
+            }
+        }
+        let bucket = if best_partial == 0 {
+            0
+        } else {
+            (best_partial / 100) as u8 + 1
+        };
+        (whole, bucket)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct LeaseSlot {
+    pub lease: Lease,
+    pub tier: Tier,
+    pub generation: u32,
+    pub live: bool,
+    pub preempt_at: Option<Timestamp>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct JobRecord {
+    pub tier: Tier,
+    pub leases: Vec<LeaseId>,
+    pub checkpoint_interval_s: u32,
+}
+
+/// FNV-1a: a fixed, seedless hash, so that nothing depends on a random hasher seed. Maps are
+/// only looked up, never iterated, on decision paths.
+#[derive(Default)]
+pub(crate) struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut hash = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        for byte in bytes {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = hash;
+    }
+    fn write_u64(&mut self, value: u64) {
+        // One multiply-xorshift round: ids are dense, so this spreads them enough.
+        let mixed = (value ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        self.0 = mixed ^ (mixed >> 31);
+    }
+}
+
+pub(crate) type FixedMap<K, V> = HashMap<K, V, BuildHasherDefault<Fnv>>;
+
+/// The matching engine and everything it knows. Build it with [`Matcher::new`].
+pub struct Matcher {
+    pub(crate) config: MatcherConfig,
+    pub(crate) topology: Topology,
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) statics: Vec<NodeStatic>,
+    pub(crate) loads: Vec<NodeLoad>,
+    pub(crate) index: Index,
+    pub(crate) leases: Vec<LeaseSlot>,
+    pub(crate) free_slots: Vec<u32>,
+    pub(crate) jobs: FixedMap<JobId, JobRecord>,
+    pub(crate) reservations: Reservations,
+    pub(crate) next_epoch: u64,
+    pub(crate) gpu_milli_total: u64,
+    pub(crate) gpu_milli_used: u64,
+}
+
+/// reliability^α in parts per million, at least 1.
+pub(crate) fn reliability_weight_ppm(reliability_ppm: u32, alpha: f64) -> u32 {
+    let reliability = f64::from(reliability_ppm.clamp(1, 1_000_000)) / 1e6;
+    ((reliability.powf(alpha) * 1e6).round() as u32).max(1)
+}
+
+/// `ask / (cu × reliability^α)` in micro-dollars per compute-unit-hour.
+pub(crate) fn effective_ask(ask_micros: i64, cu_milli: u32, reliability_weight_ppm: u32) -> u64 {
+    if ask_micros == i64::MAX {
+        return u64::MAX;
+    }
+    let numerator = (ask_micros.max(0) as u128) * 1_000_000_000;
+    let denominator = u128::from(cu_milli.max(1)) * u128::from(reliability_weight_ppm.max(1));
+    u64::try_from(numerator / denominator).unwrap_or(u64::MAX)
+}
+
+impl Matcher {
+    pub(crate) fn build(topology: Topology, nodes: Vec<Node>, config: MatcherConfig) -> Matcher {
+        let catalog = GpuCatalog::embedded();
+        let mut statics = Vec::with_capacity(nodes.len());
+        let mut loads = Vec::with_capacity(nodes.len());
+        let mut gpu_milli_total = 0u64;
+        for (position, node) in nodes.iter().enumerate() {
+            assert_eq!(node.id.index(), position, "nodes[i].id must be NodeId(i)");
+            assert!(
+                (1..=GPUS_PER_NODE_MAX).contains(&(node.gpu_count as usize)) || node.gpu_count == 0,
+                "a node has at most {GPUS_PER_NODE_MAX} GPUs"
+            );
+            let spec = catalog.spec(node.gpu_model);
+            let weight = reliability_weight_ppm(node.reliability_ppm, config.reliability_alpha);
+            let asks = node.policy.asks.map(|ask| ask.map_or(i64::MAX, |micros| micros.0));
+            let offered = Tier::ALL
+                .iter()
+                .filter(|tier| node.policy.allowed_tiers.contains(**tier))
+                .map(|tier| asks[*tier as usize])
+                .min()
+                .unwrap_or(i64::MAX);
+            statics.push(NodeStatic {
+                region: node.path.region.0,
+                model: node.gpu_model.0,
+                gpu_count: node.gpu_count,
+                tiers: node.policy.allowed_tiers.0,
+                classes: node.policy.allowed_classes.0,
+                always_available: node.policy.windows.is_empty(),
+                has_price_rules: !node.policy.price_rules.is_empty(),
+                ask_floor_permille: node
+                    .policy
+                    .price_rules
+                    .iter()
+                    .map(|rule| rule.multiplier_permille)
+                    .min()
+                    .unwrap_or(1000)
+                    .min(1000),
+                cpu_milli: node.cpu_milli,
+                memory_mib: node.memory_mib,
+                gpu_memory_mib: spec.memory_mib,
+                cu_milli: spec.cu_milli,
+                reliability_weight_ppm: weight,
+                reliability_ppm: node.reliability_ppm,
+                asks,
+                key: effective_ask(offered, spec.cu_milli, weight),
+            });
+            let mut load = NodeLoad::default();
+            (load.whole_free, load.share_bucket) = load.levels(node.gpu_count);
+            loads.push(load);
+            gpu_milli_total += u64::from(node.gpu_count) * u64::from(GPU_MILLI_WHOLE);
+        }
+        let index = Index::build(&statics, &loads, topology.regions.len().max(1), catalog.len());
+        let reservations = Reservations::new(nodes.len());
+        Matcher {
+            config,
+            topology,
+            nodes,
+            statics,
+            loads,
+            index,
+            leases: Vec::new(),
+            free_slots: Vec::new(),
+            jobs: FixedMap::default(),
+            reservations,
+            next_epoch: 1,
+            gpu_milli_total,
+            gpu_milli_used: 0,
+        }
+    }
+
+    pub fn config(&self) -> &MatcherConfig {
+        &self.config
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    pub fn gpu_milli_total(&self) -> u64 {
+        self.gpu_milli_total
+    }
+
+    pub fn gpu_milli_used(&self) -> u64 {
+        self.gpu_milli_used
+    }
+
+    pub fn running_jobs(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// The live lease with this id.
+    pub fn lease(&self, id: LeaseId) -> Option<&Lease> {
+        self.slot_of(id).map(|slot| &self.leases[slot].lease)
+    }
+
+    /// The live leases of a job, in replica order.
+    pub fn job_leases(&self, job: JobId) -> Vec<Lease> {
+        let Some(record) = self.jobs.get(&job) else {
+            return Vec::new();
+        };
+        let mut leases: Vec<Lease> = record.leases.iter().filter_map(|id| self.lease(*id).cloned()).collect();
+        leases.sort_by_key(|lease| (lease.replica, lease.id));
+        leases
+    }
+
+    /// When bronze work on this lease must give way to a reservation, if ever.
+    pub fn lease_preempt_at(&self, id: LeaseId) -> Option<Timestamp> {
+        self.slot_of(id).and_then(|slot| self.leases[slot].preempt_at)
+    }
+
+    pub(crate) fn slot_of(&self, id: LeaseId) -> Option<usize> {
+        let slot = (id.0 & 0xffff_ffff) as usize;
+        let generation = (id.0 >> 32) as u32;
+        let entry = self.leases.get(slot)?;
+        (entry.live && entry.generation == generation).then_some(slot)
+    }
+
+    /// Plans and commits: one decision.
+    pub fn place(&mut self, job: &model::JobSpec, now: Timestamp) -> Result<Placement, crate::Unplaced> {
+        let mut placement = self.plan(job, now)?;
+        let leases = self
+            .commit(&placement)
+            .expect("a plan made on the current state commits");
+        placement.leases = leases;
+        Ok(placement)
+    }
+
+    /// Verifies a plan against the current state and applies it, all leases or none. Returns
+    /// the leases with their ids and epochs.
+    pub fn commit(&mut self, placement: &Placement) -> Result<Vec<Lease>, CommitError> {
+        self.commit_inner(placement, false)
+    }
+
+    /// Commits a plan; `extend` adds the leases to a job that already runs (gang repair).
+    pub(crate) fn commit_inner(&mut self, placement: &Placement, extend: bool) -> Result<Vec<Lease>, CommitError> {
+        if !extend && self.jobs.contains_key(&placement.job) {
+            return Err(CommitError::AlreadyPlaced(placement.job));
+        }
+        // Verify everything first, counting what earlier leases of the same plan take.
+        let mut scratch: Vec<(usize, NodeLoad)> = Vec::new();
+        for lease in &placement.leases {
+            let node = lease.node.index();
+            if node >= self.nodes.len() {
+                return Err(CommitError::UnknownNode(lease.node));
+            }
+            let position = match scratch.iter().position(|(index, _)| *index == node) {
+                Some(position) => position,
+                None => {
+                    let mut load = self.loads[node].clone();
+                    load.leases = Vec::new();
+                    scratch.push((node, load));
+                    scratch.len() - 1
+                }
+            };
+            let statics = &self.statics[node];
+            let load = &mut scratch[position].1;
+            if load.offline || !apply_usage(load, statics, lease, true) {
+                return Err(CommitError::Conflict(placement.job));
+            }
+        }
+        let mut committed = Vec::with_capacity(placement.leases.len());
+        let mut ids = Vec::with_capacity(placement.leases.len());
+        for planned in &placement.leases {
+            let mut lease = planned.clone();
+            let slot = match self.free_slots.pop() {
+                Some(slot) => slot as usize,
+                None => {
+                    self.leases.push(LeaseSlot {
+                        lease: lease.clone(),
+                        tier: placement.tier,
+                        generation: 0,
+                        live: false,
+                        preempt_at: None,
+                    });
+                    self.leases.len() - 1
+                }
+            };
+            let generation = self.leases[slot].generation.wrapping_add(1);
+            lease.id = LeaseId((u64::from(generation) << 32) | slot as u64);
+            lease.epoch = self.next_epoch;
+            self.next_epoch += 1;
+            lease.state = LeaseState::Pending;
+            self.leases[slot] = LeaseSlot {
+                lease: lease.clone(),
+                tier: placement.tier,
+                generation,
+                live: true,
+                preempt_at: placement.preempt_at,
+            };
+            let node = lease.node.index();
+            let applied = apply_usage(&mut self.loads[node], &self.statics[node], &lease, true);
+            assert!(applied, "verified above");
+            self.loads[node].leases.push(slot as u32);
+            self.gpu_milli_used += u64::from(lease.gpu_milli_total());
+            self.refresh_levels(node);
+            ids.push(lease.id);
+            committed.push(lease);
+        }
+        self.reservations.remove_job(placement.job);
+        match self.jobs.get_mut(&placement.job) {
+            Some(record) if extend => record.leases.extend(ids),
+            _ => {
+                self.jobs.insert(
+                    placement.job,
+                    JobRecord {
+                        tier: placement.tier,
+                        leases: ids,
+                        checkpoint_interval_s: placement.checkpoint_interval_s,
+                    },
+                );
+            }
+        }
+        Ok(committed)
+    }
+
+    /// Ends one lease and frees what it held. The job record goes when its last lease does.
+    pub fn release_lease(&mut self, id: LeaseId) -> Option<Lease> {
+        let slot = self.slot_of(id)?;
+        let lease = self.leases[slot].lease.clone();
+        let node = lease.node.index();
+        let released = apply_usage(&mut self.loads[node], &self.statics[node], &lease, false);
+        assert!(released, "a live lease's usage is on its node");
+        let leases = &mut self.loads[node].leases;
+        let position = leases
+            .iter()
+            .position(|&entry| entry as usize == slot)
+            .expect("lease listed on its node");
+        leases.swap_remove(position);
+        self.gpu_milli_used -= u64::from(lease.gpu_milli_total());
+        self.refresh_levels(node);
+        self.leases[slot].live = false;
+        self.free_slots.push(slot as u32);
+        if let Some(record) = self.jobs.get_mut(&lease.job) {
+            record.leases.retain(|entry| *entry != id);
+            if record.leases.is_empty() {
+                self.jobs.remove(&lease.job);
+            }
+        }
+        Some(lease)
+    }
+
+    /// Ends every lease of a job; returns how many were freed.
+    pub fn release_job(&mut self, job: JobId, _now: Timestamp) -> usize {
+        let Some(record) = self.jobs.get(&job) else { return 0 };
+        let ids = record.leases.clone();
+        ids.into_iter().filter(|id| self.release_lease(*id).is_some()).count()
+    }
+
+    /// Takes a node out of service (it died or went silent) or brings it back. Taking it out
+    /// frees its leases and returns them, so their jobs can be requeued or their gangs repaired.
+    pub fn set_node_offline(&mut self, node: NodeId, offline: bool) -> Vec<Lease> {
+        let index = node.index();
+        let mut lost = Vec::new();
+        if offline {
+            let slots: Vec<u32> = self.loads[index].leases.clone();
+            for slot in slots {
+                let id = self.leases[slot as usize].lease.id;
+                if let Some(mut lease) = self.release_lease(id) {
+                    lease.state = LeaseState::Lost;
+                    lost.push(lease);
+                }
+            }
+        }
+        self.loads[index].offline = offline;
+        self.refresh_levels(index);
+        lost
+    }
+
+    /// Recomputes a node's capacity levels and moves it between index sets if they changed.
+    pub(crate) fn refresh_levels(&mut self, node: usize) {
+        let load = &self.loads[node];
+        let (whole, bucket) = if load.offline {
+            (0, 0)
+        } else {
+            load.levels(self.statics[node].gpu_count)
+        };
+        let (old_whole, old_bucket) = (load.whole_free, load.share_bucket);
+        if (whole, bucket) != (old_whole, old_bucket) {
+            self.index.move_node(node, (old_whole, old_bucket), (whole, bucket));
+            let load = &mut self.loads[node];
+            load.whole_free = whole;
+            load.share_bucket = bucket;
+        }
+    }
+}
+
+/// Adds (or with `add == false` removes) a lease's usage on a node. Returns false, changing
+/// nothing, when adding would exceed a capacity.
+pub(crate) fn apply_usage(load: &mut NodeLoad, statics: &NodeStatic, lease: &Lease, add: bool) -> bool {
+    let gpus = statics.gpu_count as usize;
+    if add {
+        let cpu_ok = load
+            .cpu_used
+            .checked_add(lease.cpu_milli)
+            .is_some_and(|used| used <= statics.cpu_milli);
+        let memory_ok = load
+            .memory_used
+            .checked_add(lease.memory_mib)
+            .is_some_and(|used| used <= statics.memory_mib);
+        let gpus_ok = (0..GPUS_PER_NODE_MAX)
+            .filter(|gpu| lease.gpu_mask & (1 << gpu) != 0)
+            .all(|gpu| gpu < gpus && load.gpu_used_milli[gpu] + lease.gpu_milli <= GPU_MILLI_WHOLE);
+        if !(cpu_ok && memory_ok && gpus_ok) {
+            return false;
+        }
+        load.cpu_used += lease.cpu_milli;
+        load.memory_used += lease.memory_mib;
+        for gpu in 0..gpus {
+            if lease.gpu_mask & (1 << gpu) != 0 {
+                load.gpu_used_milli[gpu] += lease.gpu_milli;
+            }
+        }
+    } else {
+        let gpus_ok = (0..gpus)
+            .filter(|gpu| lease.gpu_mask & (1 << gpu) != 0)
+            .all(|gpu| load.gpu_used_milli[gpu] >= lease.gpu_milli);
+        if load.cpu_used < lease.cpu_milli || load.memory_used < lease.memory_mib || !gpus_ok {
+            return false;
+        }
+        load.cpu_used -= lease.cpu_milli;
+        load.memory_used -= lease.memory_mib;
+        for gpu in 0..gpus {
+            if lease.gpu_mask & (1 << gpu) != 0 {
+                load.gpu_used_milli[gpu] -= lease.gpu_milli;
+            }
+        }
+    }
+    true
+}

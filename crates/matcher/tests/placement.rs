@@ -1,0 +1,329 @@
+//! Unit tests of the matcher's decisions, one feature each, written as small scenarios.
+
+mod common;
+
+use common::*;
+use matcher::{Reason, Unplaced};
+use model::{
+    AvailabilityWindow, ClassSet, GpuCatalog, GpuDemand, Micros, NodeId, PriceRule, Tier, TierSet, TopologyLevel,
+    WorkloadClass,
+};
+
+#[test]
+fn cheapest_effective_ask_wins_and_pays_the_next_price() {
+    let mut m = matcher(vec![
+        node("eu", "H100", 8, "2.00", 0.99),
+        node("eu", "H100", 8, "1.80", 0.70), // cheaper ask, but 1.80/0.49 = 3.67 per CU
+        node("eu", "H100", 8, "2.20", 0.99),
+    ]);
+    let placement = m.place(&job(1, Tier::Silver, whole(8), "5"), NOW).unwrap();
+    assert_eq!(placement.leases[0].node, NodeId(0));
+    // The best loser is node 2 (2.20 / 0.9801); converted to node 0's terms that is 2.20 × (0.99²/0.99²).
+    assert_eq!(placement.leases[0].price, Micros(2_200_000));
+    m.consistency_check().unwrap();
+}
+
+#[test]
+fn price_is_capped_by_max_price_and_never_below_the_ask() {
+    // The loser's ask 1.50 at reliability 0.70 is 3.06 per delivered CU: 3.00 in the winner's terms.
+    let m = matcher(vec![
+        node("eu", "H100", 8, "2.00", 0.99),
+        node("eu", "H100", 8, "1.50", 0.70),
+    ]);
+    let placement = m.plan(&job(1, Tier::Silver, whole(1), "2.50"), NOW).unwrap();
+    assert_eq!(placement.leases[0].node, NodeId(0));
+    assert_eq!(placement.leases[0].price, Micros(2_500_000), "capped at the max price");
+    let placement = m.plan(&job(1, Tier::Silver, whole(1), "9"), NOW).unwrap();
+    assert_eq!(placement.leases[0].price, Micros(3_000_306)); // 1.50 × 0.99² / 0.70²
+    let alone = matcher(vec![node("eu", "H100", 8, "2.00", 0.99)]);
+    let placement = alone.plan(&job(1, Tier::Silver, whole(1), "9"), NOW).unwrap();
+    assert_eq!(placement.leases[0].price, Micros(2_000_000), "no loser: pay as bid");
+    assert_eq!(placement.clearing_price_per_cu_hour, None);
+}
+
+#[test]
+fn compute_units_substitute_models() {
+    // 2 H100-equivalents: one B200 (2.274 CU) or two H100s.
+    let m = matcher(vec![
+        node("eu", "H100", 8, "2.00", 0.99),
+        node("eu", "B200", 8, "3.00", 0.99),
+    ]);
+    let mut spec = job(1, Tier::Silver, GpuDemand::ComputeUnits { cu_milli: 2000 }, "9");
+    let placement = m.plan(&spec, NOW).unwrap();
+    // B200: 3.00 / 2.274 CU is cheaper per CU than H100 at 2.00 / 1.0.
+    assert_eq!(placement.leases[0].node, NodeId(1));
+    assert_eq!(placement.leases[0].gpu_count(), 1);
+    spec.resources.gpu_models = vec![GpuCatalog::embedded().find("H100").unwrap()];
+    let placement = m.plan(&spec, NOW).unwrap();
+    assert_eq!(
+        (placement.leases[0].node, placement.leases[0].gpu_count()),
+        (NodeId(0), 2)
+    );
+}
+
+#[test]
+fn gpu_shares_pack_onto_shared_gpus() {
+    let mut m = matcher(vec![node("eu", "A10", 2, "0.50", 0.99)]);
+    let first = m
+        .place(&job(1, Tier::Silver, GpuDemand::Share { milli: 300 }, "5"), NOW)
+        .unwrap();
+    let second = m
+        .place(&job(2, Tier::Silver, GpuDemand::Share { milli: 600 }, "5"), NOW)
+        .unwrap();
+    assert_eq!(
+        first.leases[0].gpu_mask, second.leases[0].gpu_mask,
+        "the second share joins the shared GPU"
+    );
+    let third = m
+        .place(&job(3, Tier::Silver, GpuDemand::Share { milli: 200 }, "5"), NOW)
+        .unwrap();
+    assert_ne!(
+        third.leases[0].gpu_mask, first.leases[0].gpu_mask,
+        "only 100 milli left there"
+    );
+    // A whole GPU is still free? No: GPU 1 is now shared, GPU 0 holds 900.
+    assert!(m.plan(&job(4, Tier::Silver, whole(1), "5"), NOW).is_err());
+    m.consistency_check().unwrap();
+}
+
+#[test]
+fn whole_gpu_jobs_fill_partly_used_nodes_before_untouched_ones() {
+    let mut m = matcher(vec![
+        node("eu", "H100", 8, "2.00", 0.99),
+        node("eu", "H100", 8, "2.00", 0.99),
+    ]);
+    let first = m.place(&job(1, Tier::Silver, whole(1), "5"), NOW).unwrap();
+    let second = m.place(&job(2, Tier::Silver, whole(1), "5"), NOW).unwrap();
+    assert_eq!(
+        first.leases[0].node, second.leases[0].node,
+        "the second job keeps the other node whole"
+    );
+    let eight = m.place(&job(3, Tier::Silver, whole(8), "5"), NOW).unwrap();
+    assert_ne!(eight.leases[0].node, first.leases[0].node);
+}
+
+#[test]
+fn feasibility_respects_every_constraint() {
+    let mut specs = vec![node("eu", "H100", 8, "2.00", 0.99), node("us", "H100", 8, "1.00", 0.99)];
+    specs.push(node("eu", "A10", 1, "0.30", 0.60));
+    let (topology, mut nodes) = fleet(specs);
+    nodes[0].policy.allowed_tiers = TierSet::of(&[Tier::Gold, Tier::Silver]);
+    nodes[0].policy.allowed_classes = ClassSet::of(&[WorkloadClass::Inference]);
+    let m = matcher::Matcher::new(topology, nodes, Default::default());
+    let eu = region(&m, "eu");
+    let mut spec = job(1, Tier::Bronze, whole(1), "5");
+    spec.regions = vec![eu];
+    spec.resources.gpu_memory_mib_min = 40 * 1024;
+    let unplaced = m.plan(&spec, NOW).unwrap_err();
+    assert_eq!(unplaced, Unplaced::NoFeasibleNode(spec.id));
+    let explanation = m.explain(&spec, NOW);
+    assert_eq!(
+        explanation.excluded,
+        vec![(Reason::Region, 1), (Reason::GpuMemory, 1), (Reason::TierNotAllowed, 1)]
+    );
+    spec.tier = Tier::Silver;
+    assert_eq!(m.explain(&spec, NOW).excluded[2], (Reason::ClassNotAllowed, 1));
+    spec.class = WorkloadClass::Inference;
+    assert!(m.plan(&spec, NOW).is_ok());
+    spec.max_price = Micros(1_999_999);
+    assert_eq!(m.explain(&spec, NOW).excluded[2], (Reason::Price, 1));
+    spec.max_price = Micros::from_dollars(5);
+    spec.reliability_min_ppm = 995_000;
+    assert_eq!(m.explain(&spec, NOW).excluded[2], (Reason::Reliability, 1));
+}
+
+#[test]
+fn windows_must_cover_the_runtime_of_work_that_cannot_be_interrupted() {
+    let (topology, mut nodes) = fleet(vec![node("eu", "H100", 8, "2.00", 0.99)]);
+    nodes[0].policy.windows = vec![AvailabilityWindow::Once {
+        start: NOW - 10,
+        end: NOW + 3600,
+    }];
+    let m = matcher::Matcher::new(topology, nodes, Default::default());
+    let mut spec = job(1, Tier::Silver, whole(1), "5");
+    spec.max_runtime_s = 7200;
+    assert_eq!(m.explain(&spec, NOW).excluded, vec![(Reason::Window, 1)]);
+    spec.max_runtime_s = 3000;
+    assert!(m.plan(&spec, NOW).is_ok());
+    let mut bronze = job(2, Tier::Bronze, whole(1), "5");
+    bronze.max_runtime_s = 7200;
+    assert!(m.plan(&bronze, NOW).is_ok(), "bronze may use any window");
+}
+
+#[test]
+fn peak_prices_apply_at_their_hours() {
+    let (topology, mut nodes) = fleet(vec![node("eu", "H100", 8, "2.00", 0.99)]);
+    nodes[0].policy.price_rules = vec![PriceRule {
+        days: 0x7f,
+        start_minute: 0,
+        end_minute: 1440,
+        multiplier_permille: 1500,
+    }];
+    let m = matcher::Matcher::new(topology, nodes, Default::default());
+    assert!(m.plan(&job(1, Tier::Silver, whole(1), "2.50"), NOW).is_err());
+    assert_eq!(
+        m.plan(&job(1, Tier::Silver, whole(1), "3.00"), NOW).unwrap().leases[0].price,
+        Micros(3_000_000)
+    );
+}
+
+#[test]
+fn gangs_are_all_or_nothing_inside_their_level() {
+    let specs = (0..6)
+        .map(|index| node("eu", "H100", 8, "2.00", 0.99).fabric(index / 3))
+        .collect();
+    let mut m = matcher(specs);
+    // Four 8-GPU replicas in one fabric: each fabric has only three nodes.
+    let spec = gang(1, Tier::Silver, 4, 8, TopologyLevel::Fabric);
+    assert_eq!(
+        m.plan(&spec, NOW).unwrap_err(),
+        Unplaced::NoDomainFits {
+            job: spec.id,
+            level: "fabric",
+            replicas: 4,
+            best: 3
+        }
+    );
+    let spec = gang(2, Tier::Silver, 3, 8, TopologyLevel::Fabric);
+    let placement = m.place(&spec, NOW).unwrap();
+    let fabrics: std::collections::BTreeSet<_> = placement
+        .leases
+        .iter()
+        .map(|lease| m.nodes()[lease.node.index()].path.fabric)
+        .collect();
+    assert_eq!((placement.leases.len(), fabrics.len()), (3, 1));
+    // Six 4-GPU replicas fit two per node in the other fabric.
+    let placement = m
+        .place(&gang(3, Tier::Silver, 6, 4, TopologyLevel::Fabric), NOW)
+        .unwrap();
+    let nodes: std::collections::BTreeSet<_> = placement.leases.iter().map(|lease| lease.node).collect();
+    assert_eq!(nodes.len(), 3);
+    m.consistency_check().unwrap();
+}
+
+#[test]
+fn nvlink_gangs_stay_in_one_domain() {
+    let specs = (0..4)
+        .map(|index| node("eu", "GB200", 4, "3.00", 0.99).nvlink(index / 2))
+        .collect();
+    let m = matcher(specs);
+    let placement = m.plan(&gang(1, Tier::Gold, 2, 4, TopologyLevel::Nvlink), NOW).unwrap();
+    let domains: std::collections::BTreeSet<_> = placement
+        .leases
+        .iter()
+        .map(|lease| m.nodes()[lease.node.index()].path.nvlink)
+        .collect();
+    assert_eq!(domains.len(), 1);
+    assert!(m.plan(&gang(2, Tier::Gold, 3, 4, TopologyLevel::Nvlink), NOW).is_err());
+}
+
+#[test]
+fn preemption_takes_bronze_that_loses_least_and_never_silver() {
+    let mut m = matcher(vec![
+        node("eu", "H100", 8, "2.00", 0.99),
+        node("eu", "H100", 8, "2.00", 0.99),
+    ]);
+    let mut old_bronze = job(1, Tier::Bronze, whole(8), "5");
+    old_bronze.checkpoint_interval_s = 0;
+    let old = m.place(&old_bronze, NOW - 3600).unwrap();
+    let silver = m.place(&job(2, Tier::Silver, whole(4), "5"), NOW).unwrap();
+    assert_ne!(silver.leases[0].node, old.leases[0].node);
+    let young = m.place(&job(3, Tier::Bronze, whole(4), "5"), NOW - 60).unwrap();
+    assert_eq!(young.leases[0].node, silver.leases[0].node);
+    // A gold job of 4 GPUs: evicting the young bronze (4 GPUs × 60 s) loses less than the old one.
+    let plan = m.plan_preemption(&job(4, Tier::Gold, whole(4), "5"), NOW).unwrap();
+    assert_eq!(plan.victims.len(), 1);
+    assert_eq!(plan.victims[0].job, model::JobId(3));
+    assert_eq!(plan.victims[0].lost_gpu_seconds, 240);
+    assert!(plan.victims.iter().all(|victim| victim.tier == Tier::Bronze));
+    // 8 GPUs: only the node holding the old bronze can be emptied.
+    let plan = m.plan_preemption(&job(5, Tier::Gold, whole(8), "5"), NOW).unwrap();
+    assert_eq!(
+        plan.victims.iter().map(|victim| victim.job).collect::<Vec<_>>(),
+        vec![model::JobId(1)]
+    );
+    m.commit_preemption(&plan).unwrap();
+    m.consistency_check().unwrap();
+    // Nothing left to take without touching silver or gold.
+    assert!(m.plan_preemption(&job(6, Tier::Gold, whole(8), "5"), NOW).is_err());
+    assert!(m.plan_preemption(&job(7, Tier::Bronze, whole(1), "5"), NOW).is_err());
+}
+
+#[test]
+fn backfill_uses_gaps_before_a_reservation() {
+    let mut m = matcher(vec![
+        node("eu", "H100", 8, "2.00", 0.99),
+        node("eu", "H100", 8, "2.00", 0.99),
+    ]);
+    let mut running = job(1, Tier::Silver, whole(4), "5");
+    running.max_runtime_s = 3600;
+    m.place(&running, NOW).unwrap();
+    // A gang that needs both nodes whole must wait for job 1: reserve at its expected end.
+    let starving = gang(2, Tier::Silver, 2, 8, TopologyLevel::Any);
+    assert!(m.plan(&starving, NOW).is_err());
+    let reservation = m.reserve(&starving, NOW, NOW).unwrap();
+    assert_eq!(reservation.start, NOW + 3600);
+    // A short job fits in the gap; a long one would delay the gang; bronze may go, marked.
+    let mut short = job(3, Tier::Silver, whole(2), "5");
+    short.max_runtime_s = 1800;
+    assert!(m.plan(&short, NOW).is_ok());
+    let mut long = job(4, Tier::Silver, whole(2), "5");
+    long.max_runtime_s = 7200;
+    assert_eq!(m.plan(&long, NOW).unwrap_err(), Unplaced::NoFeasibleNode(long.id));
+    assert!(m.explain(&long, NOW).excluded.contains(&(Reason::Reserved, 2)));
+    let mut bronze = job(5, Tier::Bronze, whole(2), "5");
+    bronze.max_runtime_s = 7200;
+    let placed = m.place(&bronze, NOW).unwrap();
+    assert_eq!(placed.preempt_at, Some(NOW + 3600));
+    assert_eq!(m.leases_due_for_preemption(NOW + 3600), vec![placed.leases[0].id]);
+}
+
+#[test]
+fn gang_repair_replaces_lost_replicas_next_to_the_survivors() {
+    let specs = (0..6)
+        .map(|index| node("eu", "GB200", 4, "3.00", 0.99).nvlink(index / 3))
+        .collect();
+    let mut m = matcher(specs);
+    let spec = gang(1, Tier::Gold, 2, 4, TopologyLevel::Fabric);
+    let placement = m.place(&spec, NOW).unwrap();
+    let dead = placement.leases[0].node;
+    let lost = m.set_node_offline(dead, true);
+    assert_eq!(lost.len(), 1);
+    let plan = m.plan_repair(&spec, &lost, NOW).unwrap();
+    let new_node = plan.placement.leases[0].node;
+    assert_eq!(plan.placement.leases[0].replica, lost[0].replica);
+    assert_eq!(
+        m.nodes()[new_node.index()].path.nvlink,
+        m.nodes()[dead.index()].path.nvlink,
+        "a spare in the same domain"
+    );
+    m.commit_repair(&plan).unwrap();
+    assert_eq!(m.job_leases(spec.id).len(), 2);
+    m.consistency_check().unwrap();
+}
+
+#[test]
+fn quote_reports_price_and_capacity() {
+    let m = matcher(vec![
+        node("eu", "H100", 8, "2.00", 0.99),
+        node("eu", "H100", 4, "2.50", 0.99),
+    ]);
+    let quote = m.quote(&job(1, Tier::Silver, whole(2), "5"), NOW);
+    assert_eq!(quote.price_per_gpu_hour, Some(Micros(2_500_000)));
+    assert_eq!((quote.gpus_available, quote.nodes_feasible), (12, 2));
+    let quote = m.quote(&job(2, Tier::Silver, whole(2), "1"), NOW);
+    assert_eq!(quote.price_per_gpu_hour, None);
+    assert_eq!(quote.explanation.unwrap().message, "0 of 2 nodes: 2 ask above $1.00/h");
+}
+
+#[test]
+fn bad_jobs_are_refused_with_a_reason() {
+    let m = matcher(vec![node("eu", "H100", 8, "2.00", 0.99)]);
+    let spec = job(1, Tier::Silver, GpuDemand::Share { milli: 1000 }, "5");
+    assert!(matches!(m.plan(&spec, NOW), Err(Unplaced::InvalidJob { .. })));
+    let mut spec = job(2, Tier::Silver, whole(1), "5");
+    spec.replicas = 0;
+    assert!(matches!(m.plan(&spec, NOW), Err(Unplaced::InvalidJob { .. })));
+    let spec = job(3, Tier::Silver, whole(17), "5");
+    assert!(matches!(m.plan(&spec, NOW), Err(Unplaced::InvalidJob { .. })));
+}

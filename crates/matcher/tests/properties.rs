@@ -1,0 +1,199 @@
+//! Property tests of the matcher's invariants over random fleets and random streams of
+//! arrivals, departures, preemptions and node failures.
+
+mod common;
+
+use common::*;
+use matcher::Matcher;
+use model::{GpuDemand, JobId, JobSpec, Tier, TopologyLevel};
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Arrive {
+        tier: u8,
+        gpu: u8,
+        replicas: u8,
+        level: u8,
+        price_cents: u16,
+    },
+    Depart {
+        pick: u16,
+    },
+    Preempt {
+        gpus: u8,
+        replicas: u8,
+    },
+    Fail {
+        node: u16,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0u8..3, 0u8..12, 1u8..4, 0u8..4, 50u16..600).prop_map(|(tier, gpu, replicas, level, price_cents)| Op::Arrive { tier, gpu, replicas, level, price_cents }),
+        3 => any::<u16>().prop_map(|pick| Op::Depart { pick }),
+        1 => (1u8..9, 1u8..3).prop_map(|(gpus, replicas)| Op::Preempt { gpus, replicas }),
+        1 => any::<u16>().prop_map(|node| Op::Fail { node }),
+    ]
+}
+
+fn fleet_specs(seed: &[(u8, u8, u8)]) -> Vec<NodeSpec> {
+    const MODELS: [&str; 4] = ["H100", "A100", "A10", "B200"];
+    const ASKS: [&str; 6] = ["0.50", "1.00", "1.50", "2.00", "2.50", "3.00"];
+    seed.iter()
+        .enumerate()
+        .map(|(index, (model, gpus, ask))| {
+            let gpus = [1u8, 2, 4, 8][(*gpus % 4) as usize];
+            node(
+                if index % 3 == 0 { "us" } else { "eu" },
+                MODELS[(*model % 4) as usize],
+                gpus,
+                ASKS[(*ask % 6) as usize],
+                0.6 + 0.05 * f64::from(*ask % 8),
+            )
+            .fabric((index % 2) as u32)
+        })
+        .collect()
+}
+
+fn arrival(id: u64, tier: u8, gpu: u8, replicas: u8, level: u8, price_cents: u16) -> JobSpec {
+    let tier = [Tier::Gold, Tier::Silver, Tier::Bronze][tier as usize];
+    let demand = match gpu {
+        0..=3 => GpuDemand::Share {
+            milli: 150 + 200 * u16::from(gpu),
+        },
+        4..=9 => GpuDemand::Whole {
+            count: [1u8, 1, 2, 4, 8, 1][(gpu - 4) as usize],
+        },
+        _ => GpuDemand::ComputeUnits { cu_milli: 1500 },
+    };
+    let mut spec = job(
+        id,
+        tier,
+        demand,
+        &format!("{}.{:02}", price_cents / 100, price_cents % 100),
+    );
+    spec.replicas = if matches!(demand, GpuDemand::Share { .. }) {
+        1
+    } else {
+        u32::from(replicas)
+    };
+    spec.topology = [
+        TopologyLevel::Any,
+        TopologyLevel::Fabric,
+        TopologyLevel::Node,
+        TopologyLevel::Region,
+    ][level as usize];
+    spec.resources.cpu_milli = 8_000;
+    spec.resources.memory_mib = 64 * 1024;
+    spec.max_runtime_s = 3600;
+    spec
+}
+
+/// Applies the ops; checks every invariant after each step; returns a trace of decisions.
+fn run(m: &mut Matcher, ops: &[Op]) -> Result<Vec<String>, TestCaseError> {
+    let mut trace = Vec::new();
+    let mut running: Vec<(JobId, Tier)> = Vec::new();
+    for (step, op) in ops.iter().enumerate() {
+        let id = step as u64 + 1;
+        match *op {
+            Op::Arrive {
+                tier,
+                gpu,
+                replicas,
+                level,
+                price_cents,
+            } => {
+                let spec = arrival(id, tier, gpu, replicas, level, price_cents);
+                match m.place(&spec, NOW) {
+                    Ok(placement) => {
+                        prop_assert_eq!(placement.leases.len() as u32, spec.replicas, "gang all-or-nothing");
+                        for lease in &placement.leases {
+                            let node = &m.nodes()[lease.node.index()];
+                            let ask = node.policy.ask_at(spec.tier, NOW).expect("a winner sells the tier");
+                            prop_assert!(
+                                lease.price >= ask && lease.price <= spec.max_price,
+                                "price {} outside [{}, {}]",
+                                lease.price,
+                                ask,
+                                spec.max_price
+                            );
+                        }
+                        if spec.replicas > 1 && spec.topology == TopologyLevel::Fabric {
+                            let fabrics: std::collections::BTreeSet<_> = placement
+                                .leases
+                                .iter()
+                                .map(|lease| m.nodes()[lease.node.index()].path.fabric)
+                                .collect();
+                            prop_assert_eq!(fabrics.len(), 1);
+                        }
+                        trace.push(format!(
+                            "{id}: {:?}",
+                            placement
+                                .leases
+                                .iter()
+                                .map(|lease| (lease.node, lease.gpu_mask, lease.price))
+                                .collect::<Vec<_>>()
+                        ));
+                        running.push((spec.id, spec.tier));
+                    }
+                    Err(unplaced) => {
+                        prop_assert!(m.job_leases(spec.id).is_empty(), "a refused job holds nothing");
+                        trace.push(format!("{id}: {unplaced}"));
+                    }
+                }
+            }
+            Op::Depart { pick } => {
+                if !running.is_empty() {
+                    let (job, _) = running.remove(pick as usize % running.len());
+                    m.release_job(job, NOW);
+                }
+            }
+            Op::Preempt { gpus, replicas } => {
+                let mut spec = job(id, Tier::Gold, GpuDemand::Whole { count: gpus }, "100");
+                spec.replicas = u32::from(replicas);
+                if let Ok(plan) = m.plan_preemption(&spec, NOW) {
+                    for victim in &plan.victims {
+                        prop_assert_eq!(victim.tier, Tier::Bronze, "gold and silver are never victims");
+                        let recorded = running
+                            .iter()
+                            .find(|(job, _)| *job == victim.job)
+                            .map(|(_, tier)| *tier);
+                        prop_assert_eq!(recorded, Some(Tier::Bronze));
+                    }
+                    m.commit_preemption(&plan)
+                        .map_err(|error| TestCaseError::fail(error.to_string()))?;
+                    running.retain(|(job, _)| !m.job_leases(*job).is_empty());
+                    running.push((spec.id, Tier::Gold));
+                    trace.push(format!("{id}: preempted {}", plan.victims.len()));
+                }
+            }
+            Op::Fail { node } => {
+                let node = model::NodeId(u32::from(node) % m.nodes().len() as u32);
+                let offline = !m.nodes().is_empty() && m.lease(model::LeaseId(0)).is_none() && step % 2 == 0;
+                m.set_node_offline(node, offline);
+                running.retain(|(job, _)| !m.job_leases(*job).is_empty());
+            }
+        }
+        m.consistency_check().map_err(TestCaseError::fail)?;
+        prop_assert!(m.gpu_milli_used() <= m.gpu_milli_total());
+    }
+    Ok(trace)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_and_the_same_input_gives_the_same_plan(
+        nodes in prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>()), 1..24),
+        ops in prop::collection::vec(op(), 1..80),
+    ) {
+        let mut first = matcher(fleet_specs(&nodes));
+        let trace = run(&mut first, &ops)?;
+        let mut second = matcher(fleet_specs(&nodes));
+        let again = run(&mut second, &ops)?;
+        prop_assert_eq!(trace, again);
+    }
+}
