@@ -4,6 +4,7 @@
 mod datasets;
 mod fleet;
 mod jobs;
+mod picker;
 mod prices;
 
 pub use datasets::{DATASET_CATALOGUE_SIZE, dataset_catalogue};
@@ -12,6 +13,7 @@ pub use fleet::{
     NODES_PER_PROVIDER, REGIONS, SITES, fleet,
 };
 pub use jobs::{JobStream, UNCAPPED_PRICE};
+pub use picker::IndexPicker;
 pub use prices::{PRICE_STATS_FILE, PriceError, market_prices, parse_price_stats};
 
 /// Constants of the job mix, for callers that check or report it.
