@@ -199,7 +199,7 @@ pub fn run_packing(nodes: &[NodeRecord], pod_list: &[PodRecord], config: &Packin
     let models = ModelTable::from_nodes(nodes);
     let pods: Vec<PodDemand> = pod_list.iter().map(|pod| models.demand(pod)).collect();
     let inputs = PolicyInputs {
-        fgd_typical: TypicalPods::from_pods(&pods, false, POPULARITY_THRESHOLD),
+        fgd_typical: TypicalPods::from_pods(&pods, false, 0.0, POPULARITY_THRESHOLD),
         fallow_model: FallowModel::from_pods(&pods),
     };
     let capacity = Cluster::new(nodes, &models).gpu_milli_capacity;

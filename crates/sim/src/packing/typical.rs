@@ -32,30 +32,37 @@ pub const POPULARITY_THRESHOLD: f64 = 0.95;
 
 impl TypicalPods {
     /// `with_memory`: whether memory is part of a pod's shape (FGD leaves it out; Fallow's policy keeps it).
-    pub fn from_pods(pods: &[PodDemand], with_memory: bool, threshold: f64) -> TypicalPods {
-        let mut counts: HashMap<(u32, u64, u16, u8, Option<u64>), u64> = HashMap::new();
+    /// `gpu_weight`: a whole-GPU pod counts `1 + gpu_count × gpu_weight` times (the simulator's `gpuResWeight`;
+    /// 0 for FGD), so that rare but large pods weigh by the GPUs they need.
+    pub fn from_pods(pods: &[PodDemand], with_memory: bool, gpu_weight: f64, threshold: f64) -> TypicalPods {
+        let mut counts: HashMap<(u32, u64, u16, u8, Option<u64>), f64> = HashMap::new();
         for pod in pods {
             let memory = if with_memory { pod.memory_mib } else { 0 };
+            let weight = if pod.gpu_count > 0 && !pod.is_gpu_share() {
+                1.0 + f64::from(pod.gpu_count) * gpu_weight
+            } else {
+                1.0
+            };
             *counts
                 .entry((pod.cpu_milli, memory, pod.gpu_milli, pod.gpu_count, pod.model_mask))
-                .or_default() += 1;
+                .or_default() += weight;
         }
         let mut shapes: Vec<_> = counts.into_iter().collect();
         // Most popular first; among equals the "larger" shape first, as the simulator's reverse sort does.
         shapes.sort_by(|(a, count_a), (b, count_b)| {
             count_b
-                .cmp(count_a)
+                .total_cmp(count_a)
                 .then(b.0.cmp(&a.0))
                 .then(b.2.cmp(&a.2))
                 .then(b.3.cmp(&a.3))
                 .then(b.4.cmp(&a.4))
                 .then(b.1.cmp(&a.1))
         });
-        let total = pods.len() as f64;
+        let total: f64 = shapes.iter().map(|(_, count)| count).sum();
         let mut covered = 0.0;
         let mut kept = 0;
         while covered < threshold * total && kept < shapes.len() {
-            covered += shapes[kept].1 as f64;
+            covered += shapes[kept].1;
             kept += 1;
         }
         let mut typical = TypicalPods {
@@ -63,7 +70,7 @@ impl TypicalPods {
             classes: Vec::new(),
         };
         for &((cpu_milli, memory_mib, gpu_milli, gpu_count, model_mask), count) in &shapes[..kept] {
-            let share = count as f64 / covered;
+            let share = count / covered;
             if gpu_count == 0 {
                 typical.cpu_only_share += share;
                 continue;
@@ -152,7 +159,7 @@ mod tests {
     fn fragment_follows_the_fgd_definition() {
         // Half the pods take 500 milli-GPU with 4 CPUs, half take a whole GPU with 4 CPUs.
         let pods = [pod(4000, 1, 500), pod(4000, 1, 1000)];
-        let typical = TypicalPods::from_pods(&pods, false, 1.0);
+        let typical = TypicalPods::from_pods(&pods, false, 0.0, 1.0);
         // One free GPU and 300 left on another: the 300 is fragment for both shapes.
         assert_eq!(typical.frag_milli(8000, u64::MAX, &[1000, 300], 1), 300.0);
         // No CPU left: everything is fragment.
