@@ -2,13 +2,14 @@
 //! printing one JSON object with `--json`. Only the matcher calls are timed; building the fleet,
 //! the harness's own bookkeeping and the checks of every result are not.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use clap::{Args, Subcommand};
 use matcher::{Matcher, MatcherConfig, Placement};
-use model::{FabricId, JobId, JobSpec, NodeId, Tier, Timestamp, TopologyLevel};
+use model::{FabricId, JobId, JobSpec, Micros, NodeId, Tier, Timestamp, TopologyLevel};
 use serde_json::{Value, json};
 use synth::{FleetSpec, IndexPicker, JobStream};
 
@@ -86,6 +87,9 @@ pub struct PreemptArgs {
     gang_gpus: u32,
     #[arg(long, default_value_t = 30)]
     trials: u32,
+    /// Fill to this share of the fleet instead of until refusals dominate (nearly full).
+    #[arg(long)]
+    fill: Option<f64>,
 }
 
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
@@ -130,19 +134,53 @@ struct Harness {
 struct Decision {
     placed: bool,
     elapsed: Duration,
+    /// Which of [`JOB_KINDS`] the job is.
+    kinds: u16,
+}
+
+/// Kinds of job that decision latencies are broken down by (a job may be several).
+const JOB_KINDS: [&str; 10] = [
+    "one_gpu",
+    "share",
+    "multi_gpu",
+    "region_constrained",
+    "model_constrained",
+    "uncapped",
+    "with_datasets",
+    "reliability_floor",
+    "bronze",
+    "refused",
+];
+
+fn job_kinds(job: &JobSpec, placed: bool) -> u16 {
+    let flags = [
+        job.resources.gpu == model::GpuDemand::Whole { count: 1 },
+        matches!(job.resources.gpu, model::GpuDemand::Share { .. }),
+        matches!(job.resources.gpu, model::GpuDemand::Whole { count } if count > 1),
+        !job.regions.is_empty(),
+        !job.resources.gpu_models.is_empty(),
+        job.max_price == synth::UNCAPPED_PRICE,
+        !job.datasets.is_empty(),
+        job.reliability_min_ppm > 0,
+        job.tier == Tier::Bronze,
+        !placed,
+    ];
+    flags
+        .iter()
+        .enumerate()
+        .fold(0, |kinds, (bit, &set)| kinds | (u16::from(set) << bit))
 }
 
 impl Harness {
     fn new(args: &FleetArgs) -> anyhow::Result<Harness> {
-        let prices = load_prices(&args.traces)?;
+        Harness::with_prices(args.gpus, args.seed, load_prices(&args.traces)?)
+    }
+
+    fn with_prices(gpus: u64, seed: u64, prices: BTreeMap<String, Micros>) -> anyhow::Result<Harness> {
         let started = Instant::now();
-        let fleet = synth::fleet(&FleetSpec {
-            gpus: args.gpus,
-            seed: args.seed,
-            prices,
-        })?;
+        let fleet = synth::fleet(&FleetSpec { gpus, seed, prices })?;
         let fleet_build_s = started.elapsed().as_secs_f64();
-        let stream = JobStream::new(&fleet, args.seed);
+        let stream = JobStream::new(&fleet, seed);
         let node_fabric = fleet.nodes.iter().map(|node| node.path.fabric).collect();
         let node_gpus: Vec<u8> = fleet.nodes.iter().map(|node| node.gpu_count).collect();
         let node_count = node_gpus.len();
@@ -152,7 +190,7 @@ impl Harness {
         Ok(Harness {
             matcher,
             stream,
-            picker: IndexPicker::new(args.seed),
+            picker: IndexPicker::new(seed),
             running: Vec::new(),
             running_tier: vec![None],
             gpu_milli_used: 0,
@@ -222,7 +260,11 @@ impl Harness {
             }
             Err(_) => false,
         };
-        Ok(Decision { placed, elapsed })
+        Ok(Decision {
+            placed,
+            elapsed,
+            kinds: job_kinds(&job, placed),
+        })
     }
 
     /// Releases a random running job; returns the time `release_job` took.
@@ -393,7 +435,7 @@ impl Harness {
     }
 }
 
-fn load_prices(traces: &Path) -> anyhow::Result<std::collections::BTreeMap<String, model::Micros>> {
+fn load_prices(traces: &Path) -> anyhow::Result<BTreeMap<String, Micros>> {
     if !traces.is_dir() {
         bail!(
             "the traces folder {} does not exist here (the working directory is {}): run from the repository \
@@ -497,6 +539,7 @@ fn bench_matcher(args: &MatcherArgs) -> anyhow::Result<()> {
 
     let target = fill_target(&harness.matcher, args.fill);
     let mut decision_times = Vec::with_capacity(args.decisions as usize);
+    let mut times_by_kind: Vec<Vec<Duration>> = vec![Vec::new(); JOB_KINDS.len()];
     let mut release_times = Vec::new();
     let (mut placed, mut refused) = (0u64, 0u64);
     let wall_started = Instant::now();
@@ -506,6 +549,11 @@ fn bench_matcher(args: &MatcherArgs) -> anyhow::Result<()> {
         }
         let decision = harness.place_next()?;
         decision_times.push(decision.elapsed);
+        for (bit, times) in times_by_kind.iter_mut().enumerate() {
+            if decision.kinds & (1 << bit) != 0 {
+                times.push(decision.elapsed);
+            }
+        }
         if decision.placed {
             placed += 1;
         } else {
@@ -519,6 +567,19 @@ fn bench_matcher(args: &MatcherArgs) -> anyhow::Result<()> {
     decision_times.sort_unstable();
     release_times.sort_unstable();
     let decisions = args.decisions as f64;
+    let by_kind: serde_json::Map<String, Value> = JOB_KINDS
+        .iter()
+        .zip(times_by_kind.iter_mut())
+        .map(|(kind, times)| {
+            times.sort_unstable();
+            let summary = json!({
+                "count": times.len(),
+                "p50_us": micros(percentile(times, 0.50)),
+                "p99_us": micros(percentile(times, 0.99)),
+            });
+            (kind.to_string(), summary)
+        })
+        .collect();
     let report = json!({
         "bench": "matcher",
         "decisions_per_sec": (decisions / in_place.as_secs_f64()).round(),
@@ -529,6 +590,7 @@ fn bench_matcher(args: &MatcherArgs) -> anyhow::Result<()> {
         "max_us": micros(decision_times.last().copied().unwrap_or_default()),
         "release_p50_us": micros(percentile(&release_times, 0.50)),
         "release_p99_us": micros(percentile(&release_times, 0.99)),
+        "by_kind": by_kind,
         "threads": 1,
         "decisions": args.decisions,
         "placed": placed,
@@ -683,7 +745,13 @@ fn bench_preempt(args: &PreemptArgs) -> anyhow::Result<()> {
     ensure!(args.trials > 0, "--trials must be at least 1");
     let mut harness = Harness::new(&args.fleet)?;
     let fill_started = Instant::now();
-    let (fill_placed, fill_refused) = harness.fill_until_refusals_dominate()?;
+    let (fill_placed, fill_refused) = match args.fill {
+        Some(fill) => {
+            ensure!(fill > 0.0 && fill < 1.0, "--fill must lie between 0 and 1, not {fill}");
+            harness.warm_up(fill)?
+        }
+        None => harness.fill_until_refusals_dominate()?,
+    };
     let fill_s = fill_started.elapsed().as_secs_f64();
     let target = harness.gpu_milli_used;
     let fill_at_start = harness.fill();
@@ -703,6 +771,7 @@ fn bench_preempt(args: &PreemptArgs) -> anyhow::Result<()> {
     let mut defects: Vec<String> = Vec::new();
     let replicas = args.gang_gpus / 8;
     let (mut bronze_nodes_best_fabric_min, mut refused_while_fitting) = (u64::MAX, 0u32);
+    let mut free_nodes_best_fabric_min = u64::MAX;
     for trial in 0..args.trials {
         if trial > 0 {
             harness.churn(CHURN_BETWEEN_TRIALS, target)?;
@@ -710,6 +779,7 @@ fn bench_preempt(args: &PreemptArgs) -> anyhow::Result<()> {
         let job = harness.gang(args.gang_gpus, Tier::Gold)?;
         let bronze_nodes = harness.best_fabric_nodes(&job, true);
         bronze_nodes_best_fabric_min = bronze_nodes_best_fabric_min.min(bronze_nodes);
+        free_nodes_best_fabric_min = free_nodes_best_fabric_min.min(harness.best_fabric_nodes(&job, false));
         let started = Instant::now();
         let result = harness.matcher.plan_preemption(&job, harness.now);
         plan_times.push(started.elapsed());
@@ -784,6 +854,7 @@ fn bench_preempt(args: &PreemptArgs) -> anyhow::Result<()> {
         "refused": refused,
         "refused_while_bronze_nodes_fit": refused_while_fitting,
         "free_or_bronze_nodes_best_fabric_min": bronze_nodes_best_fabric_min,
+        "free_nodes_best_fabric_min": free_nodes_best_fabric_min,
         "refusals": refusals.iter().take(5).collect::<Vec<_>>(),
         "defects": defects.iter().take(5).collect::<Vec<_>>(),
         "replicas": replicas,
@@ -812,4 +883,67 @@ fn bench_preempt(args: &PreemptArgs) -> anyhow::Result<()> {
     );
     print(args.fleet.json, &report, summary);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prices() -> BTreeMap<String, Micros> {
+        [
+            ("A100-PCIe-80GB", 1_640_000),
+            ("A100-SXM4-80GB", 1_750_000),
+            ("B200", 5_690_000),
+            ("GH200", 1_490_000),
+            ("H100-PCIe", 2_100_000),
+            ("H100-SXM5", 2_400_000),
+            ("H200-SXM", 3_300_000),
+        ]
+        .into_iter()
+        .map(|(name, micros)| (name.to_string(), Micros(micros)))
+        .collect()
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let samples: Vec<Duration> = (1..=1000).map(Duration::from_micros).collect();
+        assert_eq!(percentile(&samples, 0.5), Duration::from_micros(500));
+        assert_eq!(percentile(&samples, 0.99), Duration::from_micros(990));
+        assert_eq!(percentile(&samples, 0.999), Duration::from_micros(999));
+        assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_harness_holds_a_small_fleet_near_its_fill_and_agrees_with_the_matcher() {
+        let mut harness = Harness::with_prices(16_000, 1, prices()).unwrap();
+        harness.warm_up(0.6).unwrap();
+        assert!(harness.fill() >= 0.6 && harness.fill() < 0.61, "{}", harness.fill());
+        let target = fill_target(&harness.matcher, 0.6);
+        harness.churn(2_000, target).unwrap();
+        assert!((harness.fill() - 0.6).abs() < 0.01, "{}", harness.fill());
+        consistency(&harness.matcher, harness.gpu_milli_used).unwrap();
+    }
+
+    #[test]
+    fn gang_defects_are_found_from_the_leases() {
+        let mut harness = Harness::with_prices(16_000, 1, prices()).unwrap();
+        let job = harness.gang(64, Tier::Gold).unwrap();
+        let mut placement = harness.matcher.plan(&job, harness.now).unwrap();
+        assert_eq!(harness.gang_defect(&job, &placement), None);
+
+        let mut fewer = placement.clone();
+        fewer.leases.pop();
+        assert_eq!(harness.gang_defect(&job, &fewer).unwrap(), "7 leases for 8 replicas");
+
+        // Move one replica to a node of another fabric.
+        let fabric = harness.node_fabric[placement.leases[0].node.index()];
+        let elsewhere = harness.node_fabric.iter().position(|other| *other != fabric).unwrap();
+        placement.leases[7].node = NodeId(elsewhere as u32);
+        assert!(
+            harness
+                .gang_defect(&job, &placement)
+                .unwrap()
+                .starts_with("replicas span")
+        );
+    }
 }
