@@ -13,6 +13,8 @@ impl Matcher {
         let mut cpu_used = vec![0u64; nodes];
         let mut memory_used = vec![0u64; nodes];
         let mut listed = vec![0usize; nodes];
+        let mut bronze_milli = vec![0u32; nodes];
+        let mut other_milli = vec![0u32; nodes];
         let mut total_used = 0u64;
         let mut live = 0usize;
         for (slot, entry) in self.leases.iter().enumerate() {
@@ -39,6 +41,11 @@ impl Matcher {
                     }
                     *used += u32::from(lease.gpu_milli);
                 }
+            }
+            if entry.tier == model::Tier::Bronze {
+                bronze_milli[node] += lease.gpu_milli_total();
+            } else {
+                other_milli[node] += lease.gpu_milli_total();
             }
             cpu_used[node] += u64::from(lease.cpu_milli);
             memory_used[node] += lease.memory_mib;
@@ -89,6 +96,9 @@ impl Matcher {
                     "node {node} memory counter {} vs leases {} (capacity {})",
                     load.memory_used, memory_used[node], statics.memory_mib
                 ));
+            }
+            if (bronze_milli[node], other_milli[node]) != (load.bronze_milli, load.other_milli) {
+                return Err(format!("node {node} tier counters are off"));
             }
             let expected = if load.offline {
                 (0, 0)

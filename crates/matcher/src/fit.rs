@@ -284,6 +284,14 @@ impl Matcher {
         let preempt_at = self.reservation_conflict(node, load, context, taken)?;
         let effective = effective_ask(ask.0, statics.cu_milli, statics.reliability_weight_ppm);
         let mut penalty_permille = fragmentation_permille;
+        let mixes_tiers = if context.tier == Tier::Bronze {
+            load.other_milli > 0
+        } else {
+            load.bronze_milli > 0
+        };
+        if mixes_tiers {
+            penalty_permille += config.tier_mix_permille;
+        }
         if context.rescored {
             penalty_permille += self.data_permille(node, context) + self.latency_permille(node, context);
         }

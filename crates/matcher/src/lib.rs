@@ -37,6 +37,9 @@ pub struct MatcherConfig {
     pub split_gpu_permille: u64,
     /// Penalty per milli-GPU left over on a shared GPU (best fit among shared GPUs).
     pub leftover_share_permille_per_100_milli: u64,
+    /// Penalty for putting bronze work beside gold or silver work on a node (or the reverse):
+    /// kept apart, bronze frees whole nodes and domains when gold needs them.
+    pub tier_mix_permille: u64,
     /// Candidates taken per capacity level and node range; more for jobs with datasets or a
     /// latency target, whose score depends on more than the static order.
     pub candidates_per_level: usize,
@@ -56,6 +59,7 @@ impl Default for MatcherConfig {
             leftover_gpu_permille: 15,
             split_gpu_permille: 60,
             leftover_share_permille_per_100_milli: 5,
+            tier_mix_permille: 200,
             candidates_per_level: 2,
             candidates_per_level_rescored: 8,
             preemption_grace_s: 30,

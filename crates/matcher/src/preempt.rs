@@ -75,7 +75,13 @@ impl Matcher {
         distance: u8,
     ) {
         let load = &self.loads[node];
-        if self.static_check(node, context).is_err() {
+        let statics = &self.statics[node];
+        // Non-bronze work holds at least this many GPUs: if the rest cannot make a replica, skip.
+        let held_by_others = load.other_milli.div_ceil(1000);
+        let wanted = context.whole_gpus(statics).unwrap_or(0);
+        if (wanted > 0 && u32::from(statics.gpu_count) < held_by_others + u32::from(wanted))
+            || self.static_check(node, context).is_err()
+        {
             return;
         }
         let mut bronze: Vec<(u64, u32)> = load

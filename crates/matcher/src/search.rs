@@ -8,7 +8,11 @@ use model::{
 };
 
 use crate::fit::{Fit, JobContext};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use crate::index::{Order, RangeInfo, SHARE_BUCKETS, WHOLE_LEVELS};
+use crate::rankset::RankSet;
 use crate::state::{Matcher, NodeLoad, apply_usage};
 use crate::{Placement, Unplaced};
 
@@ -24,6 +28,8 @@ pub(crate) fn light_copy(load: &NodeLoad) -> NodeLoad {
         whole_free: load.whole_free,
         share_bucket: load.share_bucket,
         offline: load.offline,
+        bronze_milli: load.bronze_milli,
+        other_milli: load.other_milli,
         leases: Vec::new(),
     }
 }
@@ -159,15 +165,105 @@ impl Matcher {
         }
     }
 
+    /// The capacity-level sets of a range a replica can use, cheapest level first.
+    fn lanes<'a>(&self, order: &'a Order, range: &RangeInfo, context: &JobContext) -> Vec<&'a RankSet> {
+        let top = (range.gpu_count_max as usize).min(WHOLE_LEVELS - 1);
+        match context.job.resources.gpu {
+            GpuDemand::Share { milli } => {
+                let first_bucket = (milli / 100) as usize + 1;
+                order.share[first_bucket..SHARE_BUCKETS]
+                    .iter()
+                    .chain(order.whole[1..=top].iter())
+                    .collect()
+            }
+            GpuDemand::None => Vec::new(),
+            _ => match self.whole_for_range(context, range) {
+                Some(wanted) if (wanted as usize) <= top => {
+                    order.whole[(wanted as usize).max(1)..=top].iter().collect()
+                }
+                _ => Vec::new(),
+            },
+        }
+    }
+
+    /// A lower bound on any tier's effective ask of a node at any time, monotone in the order.
+    fn bound(&self, node: usize) -> u64 {
+        self.statics[node].key / 1000 * u64::from(self.ask_floor_permille_min)
+    }
+
+    /// Best-first search over the capacity indexes: one cursor per (range, level), popped by the
+    /// lower bound of its next node, until no cursor can beat the best score found (and, for
+    /// the price, the second-best effective ask). Exact, and it touches only the nodes that could win.
     fn plan_single(&self, context: &JobContext) -> Result<Placement, Unplaced> {
-        let per_level = if context.rescored {
-            self.config.candidates_per_level_rescored
-        } else {
-            self.config.candidates_per_level
-        };
+        if matches!(context.job.resources.gpu, GpuDemand::None) {
+            return self.plan_single_scan(context);
+        }
+        struct Cursor<'a> {
+            set: &'a RankSet,
+            order: &'a Order,
+            rank: usize,
+            end: usize,
+        }
+        let mut cursors: Vec<Cursor> = Vec::new();
+        let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::new();
+        for (order, range) in self.ranges_for(context) {
+            let (start, end) = (range.ranks.start as usize, range.ranks.end as usize);
+            for set in self.lanes(order, range, context) {
+                if let Some(rank) = set.next_at_or_after(start).filter(|rank| *rank < end) {
+                    heap.push(Reverse((self.bound(order.nodes[rank] as usize), cursors.len() as u32)));
+                    cursors.push(Cursor { set, order, rank, end });
+                }
+            }
+        }
+        let mut best: Option<Fit> = None;
+        let mut candidates: Vec<Fit> = Vec::new();
+        let (mut first_effective, mut second_effective) = (u64::MAX, u64::MAX);
+        while let Some(Reverse((bound, index))) = heap.pop() {
+            let stop_at = best.map_or(u64::MAX, |best| best.score).max(second_effective);
+            if bound > stop_at {
+                break;
+            }
+            let cursor = &mut cursors[index as usize];
+            let node = cursor.order.nodes[cursor.rank] as usize;
+            if let Some(next) = cursor
+                .set
+                .next_at_or_after(cursor.rank + 1)
+                .filter(|rank| *rank < cursor.end)
+            {
+                cursor.rank = next;
+                heap.push(Reverse((self.bound(cursor.order.nodes[next] as usize), index)));
+            }
+            let Ok(fit) = self.fit_on(node, &self.loads[node], context) else {
+                continue;
+            };
+            // A node can sit in a share bucket and a whole level at once.
+            if candidates.iter().any(|candidate| candidate.node == fit.node) {
+                continue;
+            }
+            if fit.effective < first_effective {
+                second_effective = first_effective;
+                first_effective = fit.effective;
+            } else if fit.effective < second_effective {
+                second_effective = fit.effective;
+            }
+            if best.is_none_or(|best| (fit.score, fit.node) < (best.score, best.node)) {
+                best = Some(fit);
+            }
+            candidates.push(fit);
+        }
+        let winner = best.ok_or(Unplaced::NoFeasibleNode(context.job.id))?;
+        let loser = candidates
+            .iter()
+            .filter(|fit| fit.node != winner.node)
+            .min_by_key(|fit| (fit.effective, fit.node));
+        Ok(self.placement(context, &[(winner, 0)], loser))
+    }
+
+    /// CPU-only work: a scan of the allowed ranges (rare; it may use nodes with no GPU free).
+    fn plan_single_scan(&self, context: &JobContext) -> Result<Placement, Unplaced> {
         let mut candidates: Vec<Fit> = Vec::new();
         for (order, range) in self.ranges_for(context) {
-            self.walk_levels(order, range, context, per_level, |node| {
+            self.walk_levels(order, range, context, usize::MAX, |node| {
                 match self.fit_on(node, &self.loads[node], context) {
                     Ok(fit) => {
                         candidates.push(fit);

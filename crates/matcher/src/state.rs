@@ -49,6 +49,10 @@ pub(crate) struct NodeLoad {
     /// Largest free share among partly used GPUs, as a bucket (0 = none, 1..=10 for 1..999 milli).
     pub share_bucket: u8,
     pub offline: bool,
+    /// Milli-GPU held by bronze leases and by all others: the ranking keeps the two apart, so
+    /// that preemption can free whole nodes.
+    pub bronze_milli: u32,
+    pub other_milli: u32,
     pub leases: Vec<u32>,
 }
 
@@ -129,6 +133,8 @@ pub struct Matcher {
     pub(crate) next_epoch: u64,
     pub(crate) gpu_milli_total: u64,
     pub(crate) gpu_milli_used: u64,
+    /// The lowest price-schedule multiplier of any node (≤ 1000), for lower bounds on asks.
+    pub(crate) ask_floor_permille_min: u32,
 }
 
 /// reliability^α in parts per million, at least 1.
@@ -198,6 +204,7 @@ impl Matcher {
             loads.push(load);
             gpu_milli_total += u64::from(node.gpu_count) * u64::from(GPU_MILLI_WHOLE);
         }
+        let ask_floor_permille_min = statics.iter().map(|node| node.ask_floor_permille).min().unwrap_or(1000);
         let index = Index::build(&statics, &loads, topology.regions.len().max(1), catalog.len());
         let reservations = Reservations::new(nodes.len());
         Matcher {
@@ -214,6 +221,7 @@ impl Matcher {
             next_epoch: 1,
             gpu_milli_total,
             gpu_milli_used: 0,
+            ask_floor_permille_min,
         }
     }
 
@@ -289,25 +297,21 @@ impl Matcher {
         if !extend && self.jobs.contains_key(&placement.job) {
             return Err(CommitError::AlreadyPlaced(placement.job));
         }
-        // Verify everything first, counting what earlier leases of the same plan take.
-        let mut scratch: Vec<(usize, NodeLoad)> = Vec::new();
-        for lease in &placement.leases {
+        // Verify everything first, node by node, counting what earlier leases of the plan take there.
+        let mut by_node: Vec<usize> = (0..placement.leases.len()).collect();
+        by_node.sort_unstable_by_key(|&position| (placement.leases[position].node, position));
+        let mut scratch: Option<(usize, NodeLoad)> = None;
+        for &position in &by_node {
+            let lease = &placement.leases[position];
             let node = lease.node.index();
             if node >= self.nodes.len() {
                 return Err(CommitError::UnknownNode(lease.node));
             }
-            let position = match scratch.iter().position(|(index, _)| *index == node) {
-                Some(position) => position,
-                None => {
-                    let mut load = self.loads[node].clone();
-                    load.leases = Vec::new();
-                    scratch.push((node, load));
-                    scratch.len() - 1
-                }
-            };
-            let statics = &self.statics[node];
-            let load = &mut scratch[position].1;
-            if load.offline || !apply_usage(load, statics, lease, true) {
+            if scratch.as_ref().is_none_or(|(current, _)| *current != node) {
+                scratch = Some((node, crate::search::light_copy(&self.loads[node])));
+            }
+            let load = &mut scratch.as_mut().expect("set above").1;
+            if load.offline || !apply_usage(load, &self.statics[node], lease, true) {
                 return Err(CommitError::Conflict(placement.job));
             }
         }
@@ -343,6 +347,11 @@ impl Matcher {
             let node = lease.node.index();
             let applied = apply_usage(&mut self.loads[node], &self.statics[node], &lease, true);
             assert!(applied, "verified above");
+            if placement.tier == Tier::Bronze {
+                self.loads[node].bronze_milli += lease.gpu_milli_total();
+            } else {
+                self.loads[node].other_milli += lease.gpu_milli_total();
+            }
             self.loads[node].leases.push(slot as u32);
             self.gpu_milli_used += u64::from(lease.gpu_milli_total());
             self.refresh_levels(node);
@@ -373,6 +382,11 @@ impl Matcher {
         let node = lease.node.index();
         let released = apply_usage(&mut self.loads[node], &self.statics[node], &lease, false);
         assert!(released, "a live lease's usage is on its node");
+        if self.leases[slot].tier == Tier::Bronze {
+            self.loads[node].bronze_milli -= lease.gpu_milli_total();
+        } else {
+            self.loads[node].other_milli -= lease.gpu_milli_total();
+        }
         let leases = &mut self.loads[node].leases;
         let position = leases
             .iter()
