@@ -1,5 +1,6 @@
-//! Capacity indexes. Nodes are laid out in two orders — by (model, key) and by
-//! (region, model, key), where the key is the node's effective ask per compute unit — so that
+//! Capacity indexes, one per tier. Nodes are laid out in two orders — by (model, key) and by
+//! (region, model, key), where the key is the node's effective ask per compute unit for the
+//! tier — so that
 //! every model, and every (region, model) pair, is a contiguous range of ranks. For each
 //! capacity level (whole GPUs free: 1..=16; best free share on a shared GPU: 10 buckets) a
 //! [`RankSet`] holds the ranks of the nodes at that level. "The cheapest node in region r with
@@ -88,14 +89,14 @@ pub(crate) struct Index {
 }
 
 impl Index {
-    pub fn build(statics: &[NodeStatic], loads: &[NodeLoad], regions: usize, models: usize) -> Index {
+    pub fn build(statics: &[NodeStatic], loads: &[NodeLoad], regions: usize, tier: usize) -> Index {
         let by_model = Order::build(statics, loads, |node| {
-            (u64::from(statics[node].model), statics[node].key)
+            (u64::from(statics[node].model), statics[node].keys[tier])
         });
         let by_region_model = Order::build(statics, loads, |node| {
             (
                 (u64::from(statics[node].region) << 16) | u64::from(statics[node].model),
-                statics[node].key,
+                statics[node].keys[tier],
             )
         });
         let model_ranges = ranges(&by_model.nodes, statics, |node| statics[node].model as usize);
@@ -110,7 +111,6 @@ impl Index {
             }
             region_ranges[region].push(range);
         }
-        let _ = models;
         Index {
             by_model,
             by_region_model,

@@ -85,19 +85,19 @@ impl Matcher {
         let max_price = context.job.max_price.0;
         let by_region: Box<dyn Iterator<Item = (&Order, &RangeInfo)>> = if context.job.regions.is_empty() {
             Box::new(
-                self.index
+                self.index[tier]
                     .model_ranges
                     .iter()
-                    .map(|range| (&self.index.by_model, range)),
+                    .map(move |range| (&self.index[tier].by_model, range)),
             )
         } else {
             Box::new(context.job.regions.iter().flat_map(move |region| {
-                self.index
+                self.index[tier]
                     .region_ranges
                     .get(region.index())
                     .into_iter()
                     .flatten()
-                    .map(|range| (&self.index.by_region_model, range))
+                    .map(move |range| (&self.index[tier].by_region_model, range))
             }))
         };
         by_region.filter(move |(_, range)| context.model_allowed(range.model) && range.ask_min[tier] <= max_price)
@@ -165,35 +165,58 @@ impl Matcher {
         }
     }
 
-    /// The capacity-level sets of a range a replica can use, cheapest level first.
-    fn lanes<'a>(&self, order: &'a Order, range: &RangeInfo, context: &JobContext) -> Vec<&'a RankSet> {
+    /// The capacity-level sets of a range a replica can use, each with the least fragmentation
+    /// penalty (thousandths) any node in it scores, so the search can bound it.
+    fn lanes<'a>(&self, order: &'a Order, range: &RangeInfo, context: &JobContext) -> Vec<(&'a RankSet, u64)> {
+        let config = &self.config;
         let top = (range.gpu_count_max as usize).min(WHOLE_LEVELS - 1);
+        // A level equal to the range's largest node size holds only untouched nodes.
+        let breaks = |level: usize, wanted: usize| {
+            if level == top && level > wanted {
+                config.whole_node_break_permille
+            } else {
+                0
+            }
+        };
         match context.job.resources.gpu {
             GpuDemand::Share { milli } => {
                 let first_bucket = (milli / 100) as usize + 1;
-                order.share[first_bucket..SHARE_BUCKETS]
-                    .iter()
-                    .chain(order.whole[1..=top].iter())
-                    .collect()
+                let shared = order.share[first_bucket..SHARE_BUCKETS].iter().map(|set| (set, 0));
+                let split = (1..=top).map(|level| {
+                    let penalty = config.split_gpu_permille
+                        + (level as u64 - 1) * config.leftover_gpu_permille
+                        + if top > 1 { breaks(level, 0) } else { 0 };
+                    (&order.whole[level], penalty)
+                });
+                shared.chain(split).collect()
             }
             GpuDemand::None => Vec::new(),
             _ => match self.whole_for_range(context, range) {
                 Some(wanted) if (wanted as usize) <= top => {
-                    order.whole[(wanted as usize).max(1)..=top].iter().collect()
+                    let wanted = (wanted as usize).max(1);
+                    (wanted..=top)
+                        .map(|level| {
+                            let penalty =
+                                (level - wanted) as u64 * config.leftover_gpu_permille + breaks(level, wanted);
+                            (&order.whole[level], penalty)
+                        })
+                        .collect()
                 }
                 _ => Vec::new(),
             },
         }
     }
 
-    /// A lower bound on any tier's effective ask of a node at any time, monotone in the order.
-    fn bound(&self, node: usize) -> u64 {
-        self.statics[node].key / 1000 * u64::from(self.ask_floor_permille_min)
+    /// A lower bound on a node's score for a tier, at any time, with a lane's least penalty;
+    /// monotone along the lane's order.
+    fn bound(&self, node: usize, tier: usize, penalty_permille: u64) -> u64 {
+        let effective = self.statics[node].keys[tier] / 1000 * u64::from(self.ask_floor_permille_min);
+        effective.saturating_add(effective.saturating_mul(penalty_permille) / 1000)
     }
 
     /// Best-first search over the capacity indexes: one cursor per (range, level), popped by the
-    /// lower bound of its next node, until no cursor can beat the best score found (and, for
-    /// the price, the second-best effective ask). Exact, and it touches only the nodes that could win.
+    /// lower bound of its next node's score, until no cursor can beat the runner-up found. Exact,
+    /// and it touches only the nodes that could place first or second.
     fn plan_single(&self, context: &JobContext) -> Result<Placement, Unplaced> {
         if matches!(context.job.resources.gpu, GpuDemand::None) {
             return self.plan_single_scan(context);
@@ -203,24 +226,33 @@ impl Matcher {
             order: &'a Order,
             rank: usize,
             end: usize,
+            penalty: u64,
         }
+        let tier = context.tier as usize;
         let mut cursors: Vec<Cursor> = Vec::new();
         let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::new();
         for (order, range) in self.ranges_for(context) {
             let (start, end) = (range.ranks.start as usize, range.ranks.end as usize);
-            for set in self.lanes(order, range, context) {
+            for (set, penalty) in self.lanes(order, range, context) {
                 if let Some(rank) = set.next_at_or_after(start).filter(|rank| *rank < end) {
-                    heap.push(Reverse((self.bound(order.nodes[rank] as usize), cursors.len() as u32)));
-                    cursors.push(Cursor { set, order, rank, end });
+                    heap.push(Reverse((
+                        self.bound(order.nodes[rank] as usize, tier, penalty),
+                        cursors.len() as u32,
+                    )));
+                    cursors.push(Cursor {
+                        set,
+                        order,
+                        rank,
+                        end,
+                        penalty,
+                    });
                 }
             }
         }
         let mut best: Option<Fit> = None;
-        let mut candidates: Vec<Fit> = Vec::new();
-        let (mut first_effective, mut second_effective) = (u64::MAX, u64::MAX);
+        let mut runner_up: Option<Fit> = None;
         while let Some(Reverse((bound, index))) = heap.pop() {
-            let stop_at = best.map_or(u64::MAX, |best| best.score).max(second_effective);
-            if bound > stop_at {
+            if runner_up.is_some_and(|runner_up| bound > runner_up.score) {
                 break;
             }
             let cursor = &mut cursors[index as usize];
@@ -231,32 +263,39 @@ impl Matcher {
                 .filter(|rank| *rank < cursor.end)
             {
                 cursor.rank = next;
-                heap.push(Reverse((self.bound(cursor.order.nodes[next] as usize), index)));
+                heap.push(Reverse((
+                    self.bound(cursor.order.nodes[next] as usize, tier, cursor.penalty),
+                    index,
+                )));
             }
             let Ok(fit) = self.fit_on(node, &self.loads[node], context) else {
                 continue;
             };
             // A node can sit in a share bucket and a whole level at once.
-            if candidates.iter().any(|candidate| candidate.node == fit.node) {
+            if best.is_some_and(|best| best.node == fit.node) || runner_up.is_some_and(|other| other.node == fit.node) {
                 continue;
             }
-            if fit.effective < first_effective {
-                second_effective = first_effective;
-                first_effective = fit.effective;
-            } else if fit.effective < second_effective {
-                second_effective = fit.effective;
-            }
-            if best.is_none_or(|best| (fit.score, fit.node) < (best.score, best.node)) {
+            let key = |fit: &Fit| (fit.score, fit.node);
+            if best.is_none_or(|best| key(&fit) < key(&best)) {
+                runner_up = best;
                 best = Some(fit);
+            } else if runner_up.is_none_or(|runner_up| key(&fit) < key(&runner_up)) {
+                runner_up = Some(fit);
             }
-            candidates.push(fit);
         }
         let winner = best.ok_or(Unplaced::NoFeasibleNode(context.job.id))?;
-        let loser = candidates
-            .iter()
-            .filter(|fit| fit.node != winner.node)
-            .min_by_key(|fit| (fit.effective, fit.node));
-        Ok(self.placement(context, &[(winner, 0)], loser))
+        Ok(self.placement(context, &[(winner, 0)], runner_up.as_ref()))
+    }
+
+    /// The node an exhaustive scan of every node would choose for a one-replica job: the
+    /// reference the indexed search is tested against.
+    #[doc(hidden)]
+    pub fn best_node_by_scan(&self, job: &JobSpec, now: Timestamp) -> Option<NodeId> {
+        let context = JobContext::new(job, now);
+        (0..self.nodes.len())
+            .filter_map(|node| self.fit_on(node, &self.loads[node], &context).ok())
+            .min_by_key(|fit| (fit.score, fit.node))
+            .map(|fit| NodeId(fit.node))
     }
 
     /// CPU-only work: a scan of the allowed ranges (rare; it may use nodes with no GPU free).

@@ -34,8 +34,9 @@ pub(crate) struct NodeStatic {
     pub reliability_ppm: u32,
     /// Base asks per tier in micro-dollars per GPU-hour; `i64::MAX` where the tier is not sold.
     pub asks: [i64; 3],
-    /// The order key: the node's lowest base ask as an effective ask per compute-unit-hour.
-    pub key: u64,
+    /// The order keys: each tier's base ask as an effective ask per compute-unit-hour
+    /// (`u64::MAX` where the tier is not sold).
+    pub keys: [u64; 3],
 }
 
 /// What is in use on a node now.
@@ -125,7 +126,8 @@ pub struct Matcher {
     pub(crate) nodes: Vec<Node>,
     pub(crate) statics: Vec<NodeStatic>,
     pub(crate) loads: Vec<NodeLoad>,
-    pub(crate) index: Index,
+    /// One index per tier, each ordered by that tier's effective ask.
+    pub(crate) index: [Index; 3],
     pub(crate) leases: Vec<LeaseSlot>,
     pub(crate) free_slots: Vec<u32>,
     pub(crate) jobs: FixedMap<JobId, JobRecord>,
@@ -168,12 +170,6 @@ impl Matcher {
             let spec = catalog.spec(node.gpu_model);
             let weight = reliability_weight_ppm(node.reliability_ppm, config.reliability_alpha);
             let asks = node.policy.asks.map(|ask| ask.map_or(i64::MAX, |micros| micros.0));
-            let offered = Tier::ALL
-                .iter()
-                .filter(|tier| node.policy.allowed_tiers.contains(**tier))
-                .map(|tier| asks[*tier as usize])
-                .min()
-                .unwrap_or(i64::MAX);
             statics.push(NodeStatic {
                 region: node.path.region.0,
                 model: node.gpu_model.0,
@@ -197,7 +193,13 @@ impl Matcher {
                 reliability_weight_ppm: weight,
                 reliability_ppm: node.reliability_ppm,
                 asks,
-                key: effective_ask(offered, spec.cu_milli, weight),
+                keys: Tier::ALL.map(|tier| {
+                    if node.policy.allowed_tiers.contains(tier) {
+                        effective_ask(asks[tier as usize], spec.cu_milli, weight)
+                    } else {
+                        u64::MAX
+                    }
+                }),
             });
             let mut load = NodeLoad::default();
             (load.whole_free, load.share_bucket) = load.levels(node.gpu_count);
@@ -205,7 +207,8 @@ impl Matcher {
             gpu_milli_total += u64::from(node.gpu_count) * u64::from(GPU_MILLI_WHOLE);
         }
         let ask_floor_permille_min = statics.iter().map(|node| node.ask_floor_permille).min().unwrap_or(1000);
-        let index = Index::build(&statics, &loads, topology.regions.len().max(1), catalog.len());
+        let regions = topology.regions.len().max(1);
+        let index = Tier::ALL.map(|tier| Index::build(&statics, &loads, regions, tier as usize));
         let reservations = Reservations::new(nodes.len());
         Matcher {
             config,
@@ -443,7 +446,9 @@ impl Matcher {
         };
         let (old_whole, old_bucket) = (load.whole_free, load.share_bucket);
         if (whole, bucket) != (old_whole, old_bucket) {
-            self.index.move_node(node, (old_whole, old_bucket), (whole, bucket));
+            for index in &mut self.index {
+                index.move_node(node, (old_whole, old_bucket), (whole, bucket));
+            }
             let load = &mut self.loads[node];
             load.whole_free = whole;
             load.share_bucket = bucket;

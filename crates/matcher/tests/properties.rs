@@ -106,6 +106,10 @@ fn run(m: &mut Matcher, ops: &[Op]) -> Result<Vec<String>, TestCaseError> {
                 price_cents,
             } => {
                 let spec = arrival(id, tier, gpu, replicas, level, price_cents);
+                if spec.replicas == 1 {
+                    let indexed = m.plan(&spec, NOW).ok().map(|placement| placement.leases[0].node);
+                    prop_assert_eq!(indexed, m.best_node_by_scan(&spec, NOW), "the indexed search is exact");
+                }
                 match m.place(&spec, NOW) {
                     Ok(placement) => {
                         prop_assert_eq!(placement.leases.len() as u32, spec.replicas, "gang all-or-nothing");
