@@ -3,7 +3,7 @@
 
 use model::{GPU_MILLI_WHOLE, GPUS_PER_NODE_MAX};
 
-use crate::index::{Order, SHARE_BUCKETS, WHOLE_LEVELS};
+use crate::index::{Order, SHARE_BUCKETS, TIER_CLASSES, WHOLE_LEVELS};
 use crate::state::Matcher;
 
 impl Matcher {
@@ -100,7 +100,7 @@ impl Matcher {
             if (bronze_milli[node], other_milli[node]) != (load.bronze_milli, load.other_milli) {
                 return Err(format!("node {node} tier counters are off"));
             }
-            let expected = if load.offline {
+            let expected = if load.offline || load.closed {
                 (0, 0)
             } else {
                 load.levels(statics.gpu_count)
@@ -126,45 +126,45 @@ impl Matcher {
     }
 
     fn check_order(&self, name: &str, order: &Order) -> Result<(), String> {
-        let mut whole_counts = [0usize; WHOLE_LEVELS];
-        let mut share_counts = [0usize; SHARE_BUCKETS];
+        let mut whole_counts = [0usize; WHOLE_LEVELS * TIER_CLASSES];
+        let mut share_counts = [0usize; SHARE_BUCKETS * TIER_CLASSES];
         for (node, load) in self.loads.iter().enumerate() {
             let rank = order.ranks[node] as usize;
             if order.nodes[rank] as usize != node {
                 return Err(format!("{name}: rank {rank} does not map back to node {node}"));
             }
-            for level in 1..WHOLE_LEVELS {
-                if order.whole[level].contains(rank) != (load.whole_free as usize == level) {
-                    return Err(format!(
-                        "{name}: node {node} membership of whole level {level} is wrong"
-                    ));
+            if load.tier_class != load.current_tier_class() {
+                return Err(format!("node {node} is indexed under tier class {}", load.tier_class));
+            }
+            let class = load.tier_class as usize;
+            let whole_slot = load.whole_free as usize * TIER_CLASSES + class;
+            let share_slot = load.share_bucket as usize * TIER_CLASSES + class;
+            for (slot, set) in order.whole.iter().enumerate().skip(TIER_CLASSES) {
+                if set.contains(rank) != (slot == whole_slot) {
+                    return Err(format!("{name}: node {node} membership of whole set {slot} is wrong"));
                 }
             }
-            for bucket in 1..SHARE_BUCKETS {
-                if order.share[bucket].contains(rank) != (load.share_bucket as usize == bucket) {
-                    return Err(format!(
-                        "{name}: node {node} membership of share bucket {bucket} is wrong"
-                    ));
+            for (slot, set) in order.share.iter().enumerate().skip(TIER_CLASSES) {
+                if set.contains(rank) != (slot == share_slot) {
+                    return Err(format!("{name}: node {node} membership of share set {slot} is wrong"));
                 }
             }
-            whole_counts[load.whole_free as usize] += 1;
-            share_counts[load.share_bucket as usize] += 1;
+            whole_counts[whole_slot] += 1;
+            share_counts[share_slot] += 1;
         }
-        for (level, &count) in whole_counts.iter().enumerate().skip(1) {
-            if order.whole[level].len() != count {
+        for (slot, &count) in whole_counts.iter().enumerate().skip(TIER_CLASSES) {
+            if order.whole[slot].len() != count {
                 return Err(format!(
-                    "{name}: whole level {level} holds {} nodes, {} belong",
-                    order.whole[level].len(),
-                    count
+                    "{name}: whole set {slot} holds {} nodes, {count} belong",
+                    order.whole[slot].len()
                 ));
             }
         }
-        for (bucket, &count) in share_counts.iter().enumerate().skip(1) {
-            if order.share[bucket].len() != count {
+        for (slot, &count) in share_counts.iter().enumerate().skip(TIER_CLASSES) {
+            if order.share[slot].len() != count {
                 return Err(format!(
-                    "{name}: share bucket {bucket} holds {} nodes, {} belong",
-                    order.share[bucket].len(),
-                    count
+                    "{name}: share set {slot} holds {} nodes, {count} belong",
+                    order.share[slot].len()
                 ));
             }
         }

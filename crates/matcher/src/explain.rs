@@ -161,7 +161,7 @@ impl Matcher {
                 )
             }
             Reason::Price => format!("ask above {}/h", job.max_price),
-            Reason::Window => format!("not available for {} h", job.max_runtime_s.div_ceil(3600)),
+            Reason::Window => format!("closed now or not open for {} h", job.max_runtime_s.div_ceil(3600)),
             Reason::Cpu => "short of CPU".into(),
             Reason::Memory => "short of memory".into(),
             Reason::GpuCapacity => match resources.gpu {

@@ -200,12 +200,14 @@ impl Matcher {
         if ask > job.max_price {
             return Err(Reason::Price);
         }
-        if let Some(until) = context.window_until
-            && !statics.always_available
-        {
+        if !statics.always_available {
+            // Every job needs the node open now; work that cannot be interrupted needs the
+            // window to cover its whole runtime.
             let available = self.nodes[node].policy.available_until(context.now);
-            if available.is_none_or(|end| end < until) {
-                return Err(Reason::Window);
+            match (available, context.window_until) {
+                (None, _) => return Err(Reason::Window),
+                (Some(end), Some(until)) if end < until => return Err(Reason::Window),
+                _ => {}
             }
         }
         Ok(ask)

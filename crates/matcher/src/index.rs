@@ -15,6 +15,12 @@ use crate::state::{NodeLoad, NodeStatic};
 
 pub(crate) const WHOLE_LEVELS: usize = GPUS_PER_NODE_MAX + 1;
 pub(crate) const SHARE_BUCKETS: usize = 11;
+/// Which tiers a node hosts: bit 0 bronze, bit 1 gold or silver. Sets are split by it so the
+/// search can bound the penalty for mixing tiers.
+pub(crate) const TIER_CLASSES: usize = 4;
+
+/// A node's place in the sets: (whole GPUs free, share bucket, tier class).
+pub(crate) type Levels = (u8, u8, u8);
 
 /// One node order with its level sets.
 #[derive(Clone, Debug)]
@@ -23,48 +29,74 @@ pub(crate) struct Order {
     pub nodes: Vec<u32>,
     /// node → rank
     pub ranks: Vec<u32>,
-    /// `whole[f]`: nodes with exactly f whole GPUs free (f ≥ 1).
+    /// rank → the node's effective-ask key, beside the order for the search's bounds.
+    pub keys: Vec<u64>,
+    /// rank → a lower bound of the node's ask for the order's tier at any time, and its
+    /// reliability: the search skips nodes over the price cap or under the reliability floor
+    /// without touching the node.
+    pub ask_floors: Vec<i64>,
+    pub reliabilities: Vec<u32>,
+    /// `whole[f × 4 + c]`: nodes of tier class c with exactly f whole GPUs free (f ≥ 1).
     pub whole: Vec<RankSet>,
-    /// `share[b]`: nodes whose best partly used GPU has a free share in bucket b (b ≥ 1).
+    /// `share[b × 4 + c]`: nodes of tier class c whose best partly used GPU has a free share in bucket b (b ≥ 1).
     pub share: Vec<RankSet>,
 }
 
 impl Order {
-    fn build(statics: &[NodeStatic], loads: &[NodeLoad], sort_key: impl Fn(usize) -> (u64, u64)) -> Order {
+    fn build(statics: &[NodeStatic], loads: &[NodeLoad], tier: usize, sort_key: impl Fn(usize) -> (u64, u64)) -> Order {
         let mut nodes: Vec<u32> = (0..statics.len() as u32).collect();
         nodes.sort_by_key(|&node| (sort_key(node as usize), node));
         let mut ranks = vec![0u32; statics.len()];
         for (rank, &node) in nodes.iter().enumerate() {
             ranks[node as usize] = rank as u32;
         }
+        let keys = nodes.iter().map(|&node| sort_key(node as usize).1).collect();
+        let ask_floors = nodes
+            .iter()
+            .map(|&node| ask_floor(&statics[node as usize], tier))
+            .collect();
+        let reliabilities = nodes
+            .iter()
+            .map(|&node| statics[node as usize].reliability_ppm)
+            .collect();
         let mut order = Order {
-            whole: (0..WHOLE_LEVELS).map(|_| RankSet::new(statics.len())).collect(),
-            share: (0..SHARE_BUCKETS).map(|_| RankSet::new(statics.len())).collect(),
+            keys,
+            ask_floors,
+            reliabilities,
+            whole: (0..WHOLE_LEVELS * TIER_CLASSES)
+                .map(|_| RankSet::new(statics.len()))
+                .collect(),
+            share: (0..SHARE_BUCKETS * TIER_CLASSES)
+                .map(|_| RankSet::new(statics.len()))
+                .collect(),
             nodes,
             ranks,
         };
         for (node, load) in loads.iter().enumerate() {
-            order.set(node, (load.whole_free, load.share_bucket), true);
+            order.set(node, (load.whole_free, load.share_bucket, load.tier_class), true);
         }
         order
     }
 
-    fn set(&mut self, node: usize, (whole, bucket): (u8, u8), present: bool) {
+    fn set(&mut self, node: usize, (whole, bucket, class): Levels, present: bool) {
         let rank = self.ranks[node] as usize;
-        if whole > 0 {
-            if present {
-                self.whole[whole as usize].insert(rank)
-            } else {
-                self.whole[whole as usize].remove(rank)
+        let class = class as usize;
+        for (level, sets) in [(whole as usize, &mut self.whole), (bucket as usize, &mut self.share)] {
+            if level > 0 {
+                let set = &mut sets[level * TIER_CLASSES + class];
+                if present { set.insert(rank) } else { set.remove(rank) }
             }
         }
-        if bucket > 0 {
-            if present {
-                self.share[bucket as usize].insert(rank)
-            } else {
-                self.share[bucket as usize].remove(rank)
-            }
-        }
+    }
+
+    /// The sets of one whole-GPU level, one per tier class.
+    pub fn whole_sets(&self, level: usize) -> &[RankSet] {
+        &self.whole[level * TIER_CLASSES..(level + 1) * TIER_CLASSES]
+    }
+
+    /// The sets of one share bucket, one per tier class.
+    pub fn share_sets(&self, bucket: usize) -> &[RankSet] {
+        &self.share[bucket * TIER_CLASSES..(bucket + 1) * TIER_CLASSES]
     }
 }
 
@@ -90,10 +122,10 @@ pub(crate) struct Index {
 
 impl Index {
     pub fn build(statics: &[NodeStatic], loads: &[NodeLoad], regions: usize, tier: usize) -> Index {
-        let by_model = Order::build(statics, loads, |node| {
+        let by_model = Order::build(statics, loads, tier, |node| {
             (u64::from(statics[node].model), statics[node].keys[tier])
         });
-        let by_region_model = Order::build(statics, loads, |node| {
+        let by_region_model = Order::build(statics, loads, tier, |node| {
             (
                 (u64::from(statics[node].region) << 16) | u64::from(statics[node].model),
                 statics[node].keys[tier],
@@ -119,7 +151,7 @@ impl Index {
         }
     }
 
-    pub fn move_node(&mut self, node: usize, from: (u8, u8), to: (u8, u8)) {
+    pub fn move_node(&mut self, node: usize, from: Levels, to: Levels) {
         for order in [&mut self.by_model, &mut self.by_region_model] {
             order.set(node, from, false);
             order.set(node, to, true);
@@ -148,15 +180,19 @@ fn ranges(order: &[u32], statics: &[NodeStatic], group: impl Fn(usize) -> usize)
         range.ranks.end = rank as u32 + 1;
         for tier in 0..3 {
             if statics.tiers & (1 << tier) != 0 {
-                let floor = if statics.asks[tier] == i64::MAX {
-                    i64::MAX
-                } else {
-                    statics.asks[tier] / 1000 * i64::from(statics.ask_floor_permille)
-                };
-                range.ask_min[tier] = range.ask_min[tier].min(floor);
+                range.ask_min[tier] = range.ask_min[tier].min(ask_floor(statics, tier));
             }
         }
         range.gpu_count_max = range.gpu_count_max.max(statics.gpu_count);
     }
     result
+}
+
+/// The lowest ask a node can have for a tier under its price schedule.
+fn ask_floor(statics: &NodeStatic, tier: usize) -> i64 {
+    if statics.asks[tier] == i64::MAX || statics.tiers & (1 << tier) == 0 {
+        i64::MAX
+    } else {
+        statics.asks[tier] / 1000 * i64::from(statics.ask_floor_permille)
+    }
 }

@@ -27,6 +27,10 @@ impl RankSet {
         self.len
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     pub fn contains(&self, rank: usize) -> bool {
         self.levels[0][rank / 64] & (1 << (rank % 64)) != 0
     }
@@ -72,6 +76,9 @@ impl RankSet {
 
     /// The smallest member `>= from`, if any.
     pub fn next_at_or_after(&self, from: usize) -> Option<usize> {
+        if self.len == 0 {
+            return None;
+        }
         self.next_in_level(0, from)
     }
 

@@ -3,8 +3,8 @@
 //! cheapest domain that holds all replicas. Both end in the uniform (k+1)-price auction.
 
 use model::{
-    GPU_MILLI_WHOLE, GpuCatalog, GpuDemand, GpuModel, JobSpec, Lease, LeaseId, LeaseState, Micros, NodeId, Timestamp,
-    TopologyLevel,
+    GPU_MILLI_WHOLE, GpuCatalog, GpuDemand, GpuModel, JobSpec, Lease, LeaseId, LeaseState, Micros, NodeId, Tier,
+    Timestamp, TopologyLevel,
 };
 
 use crate::fit::{Fit, JobContext};
@@ -28,6 +28,8 @@ pub(crate) fn light_copy(load: &NodeLoad) -> NodeLoad {
         whole_free: load.whole_free,
         share_bucket: load.share_bucket,
         offline: load.offline,
+        closed: load.closed,
+        tier_class: load.tier_class,
         bronze_milli: load.bronze_milli,
         other_milli: load.other_milli,
         leases: Vec::new(),
@@ -146,10 +148,14 @@ impl Matcher {
             GpuDemand::Share { milli } => {
                 let first_bucket = (milli / 100) as usize + 1;
                 for bucket in first_bucket..SHARE_BUCKETS {
-                    walk(&mut order.share[bucket].iter_range(start, end));
+                    for set in order.share_sets(bucket) {
+                        walk(&mut set.iter_range(start, end));
+                    }
                 }
                 for level in 1..=top {
-                    walk(&mut order.whole[level].iter_range(start, end));
+                    for set in order.whole_sets(level) {
+                        walk(&mut set.iter_range(start, end));
+                    }
                 }
             }
             // CPU-only work is rare and may use full nodes: scan the range.
@@ -159,7 +165,9 @@ impl Matcher {
                     return;
                 };
                 for level in (wanted as usize).max(1)..=top {
-                    walk(&mut order.whole[level].iter_range(start, end));
+                    for set in order.whole_sets(level) {
+                        walk(&mut set.iter_range(start, end));
+                    }
                 }
             }
         }
@@ -167,7 +175,13 @@ impl Matcher {
 
     /// The capacity-level sets of a range a replica can use, each with the least fragmentation
     /// penalty (thousandths) any node in it scores, so the search can bound it.
-    fn lanes<'a>(&self, order: &'a Order, range: &RangeInfo, context: &JobContext) -> Vec<(&'a RankSet, u64)> {
+    fn lanes<'a>(
+        &self,
+        order: &'a Order,
+        range: &RangeInfo,
+        context: &JobContext,
+        mut lane: impl FnMut(&'a RankSet, u64),
+    ) {
         let config = &self.config;
         let top = (range.gpu_count_max as usize).min(WHOLE_LEVELS - 1);
         // A level equal to the range's largest node size holds only untouched nodes.
@@ -178,39 +192,56 @@ impl Matcher {
                 0
             }
         };
+        // Bronze beside gold or silver (or the reverse) pays the tier-mixing penalty.
+        let mix = |class: usize| {
+            let mixes = if context.tier == Tier::Bronze {
+                class & 2 != 0
+            } else {
+                class & 1 != 0
+            };
+            if mixes { config.tier_mix_permille } else { 0 }
+        };
+        let mut add = |sets: &'a [RankSet], penalty: u64| {
+            for (class, set) in sets.iter().enumerate() {
+                if !set.is_empty() {
+                    lane(set, penalty + mix(class));
+                }
+            }
+        };
         match context.job.resources.gpu {
             GpuDemand::Share { milli } => {
-                let first_bucket = (milli / 100) as usize + 1;
-                let shared = order.share[first_bucket..SHARE_BUCKETS].iter().map(|set| (set, 0));
-                let split = (1..=top).map(|level| {
+                for bucket in (milli / 100) as usize + 1..SHARE_BUCKETS {
+                    add(order.share_sets(bucket), 0);
+                }
+                for level in 1..=top {
                     let penalty = config.split_gpu_permille
                         + (level as u64 - 1) * config.leftover_gpu_permille
                         + if top > 1 { breaks(level, 0) } else { 0 };
-                    (&order.whole[level], penalty)
-                });
-                shared.chain(split).collect()
-            }
-            GpuDemand::None => Vec::new(),
-            _ => match self.whole_for_range(context, range) {
-                Some(wanted) if (wanted as usize) <= top => {
-                    let wanted = (wanted as usize).max(1);
-                    (wanted..=top)
-                        .map(|level| {
-                            let penalty =
-                                (level - wanted) as u64 * config.leftover_gpu_permille + breaks(level, wanted);
-                            (&order.whole[level], penalty)
-                        })
-                        .collect()
+                    add(order.whole_sets(level), penalty);
                 }
-                _ => Vec::new(),
-            },
+            }
+            GpuDemand::None => {}
+            _ => {
+                if let Some(wanted) = self
+                    .whole_for_range(context, range)
+                    .filter(|wanted| (*wanted as usize) <= top)
+                {
+                    let wanted = (wanted as usize).max(1);
+                    for level in wanted..=top {
+                        add(
+                            order.whole_sets(level),
+                            (level - wanted) as u64 * config.leftover_gpu_permille + breaks(level, wanted),
+                        );
+                    }
+                }
+            }
         }
     }
 
     /// A lower bound on a node's score for a tier, at any time, with a lane's least penalty;
     /// monotone along the lane's order.
-    fn bound(&self, node: usize, tier: usize, penalty_permille: u64) -> u64 {
-        let effective = self.statics[node].keys[tier] / 1000 * u64::from(self.ask_floor_permille_min);
+    fn bound(&self, key: u64, penalty_permille: u64) -> u64 {
+        let effective = key / 1000 * u64::from(self.ask_floor_permille_min);
         effective.saturating_add(effective.saturating_mul(penalty_permille) / 1000)
     }
 
@@ -228,26 +259,19 @@ impl Matcher {
             end: usize,
             penalty: u64,
         }
-        let tier = context.tier as usize;
-        let mut cursors: Vec<Cursor> = Vec::new();
-        let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::new();
-        for (order, range) in self.ranges_for(context) {
-            let (start, end) = (range.ranks.start as usize, range.ranks.end as usize);
-            for (set, penalty) in self.lanes(order, range, context) {
-                if let Some(rank) = set.next_at_or_after(start).filter(|rank| *rank < end) {
-                    heap.push(Reverse((
-                        self.bound(order.nodes[rank] as usize, tier, penalty),
-                        cursors.len() as u32,
-                    )));
-                    cursors.push(Cursor {
-                        set,
-                        order,
-                        rank,
-                        end,
-                        penalty,
-                    });
-                }
-            }
+        // Heap entries with this bit set stand for a whole range whose lanes are not opened yet:
+        // its bound is the range's lowest key, so ranges that cannot win are never searched.
+        const RANGE: u32 = 1 << 31;
+        let max_price = context.job.max_price.0;
+        let reliability_min = context.job.reliability_min_ppm;
+        let mut cursors: Vec<Cursor> = Vec::with_capacity(32);
+        let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::with_capacity(32);
+        let ranges: Vec<(&Order, &RangeInfo)> = self.ranges_for(context).collect();
+        for (position, (order, range)) in ranges.iter().enumerate() {
+            heap.push(Reverse((
+                self.bound(order.keys[range.ranks.start as usize], 0),
+                RANGE | position as u32,
+            )));
         }
         let mut best: Option<Fit> = None;
         let mut runner_up: Option<Fit> = None;
@@ -255,18 +279,33 @@ impl Matcher {
             if runner_up.is_some_and(|runner_up| bound > runner_up.score) {
                 break;
             }
+            if index & RANGE != 0 {
+                let (order, range) = ranges[(index & !RANGE) as usize];
+                let (start, end) = (range.ranks.start as usize, range.ranks.end as usize);
+                self.lanes(order, range, context, |set, penalty| {
+                    if let Some(rank) = set.next_at_or_after(start).filter(|rank| *rank < end) {
+                        heap.push(Reverse((self.bound(order.keys[rank], penalty), cursors.len() as u32)));
+                        cursors.push(Cursor {
+                            set,
+                            order,
+                            rank,
+                            end,
+                            penalty,
+                        });
+                    }
+                });
+                continue;
+            }
             let cursor = &mut cursors[index as usize];
-            let node = cursor.order.nodes[cursor.rank] as usize;
-            if let Some(next) = cursor
-                .set
-                .next_at_or_after(cursor.rank + 1)
-                .filter(|rank| *rank < cursor.end)
-            {
+            let rank = cursor.rank;
+            let order = cursor.order;
+            let node = order.nodes[rank] as usize;
+            if let Some(next) = cursor.set.next_at_or_after(rank + 1).filter(|rank| *rank < cursor.end) {
                 cursor.rank = next;
-                heap.push(Reverse((
-                    self.bound(cursor.order.nodes[next] as usize, tier, cursor.penalty),
-                    index,
-                )));
+                heap.push(Reverse((self.bound(order.keys[next], cursor.penalty), index)));
+            }
+            if order.ask_floors[rank] > max_price || order.reliabilities[rank] < reliability_min {
+                continue;
             }
             let Ok(fit) = self.fit_on(node, &self.loads[node], context) else {
                 continue;

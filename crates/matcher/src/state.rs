@@ -50,14 +50,22 @@ pub(crate) struct NodeLoad {
     /// Largest free share among partly used GPUs, as a bucket (0 = none, 1..=10 for 1..999 milli).
     pub share_bucket: u8,
     pub offline: bool,
+    /// Outside its provider's availability windows at the matcher's clock: sells nothing now.
+    pub closed: bool,
     /// Milli-GPU held by bronze leases and by all others: the ranking keeps the two apart, so
     /// that preemption can free whole nodes.
     pub bronze_milli: u32,
     pub other_milli: u32,
+    /// The tier class the indexes hold the node under (see `index::TIER_CLASSES`).
+    pub tier_class: u8,
     pub leases: Vec<u32>,
 }
 
 impl NodeLoad {
+    pub fn current_tier_class(&self) -> u8 {
+        u8::from(self.bronze_milli > 0) | (u8::from(self.other_milli > 0) << 1)
+    }
+
     pub fn levels(&self, gpu_count: u8) -> (u8, u8) {
         let mut whole = 0u8;
         let mut best_partial = 0u16;
@@ -137,6 +145,9 @@ pub struct Matcher {
     pub(crate) gpu_milli_used: u64,
     /// The lowest price-schedule multiplier of any node (≤ 1000), for lower bounds on asks.
     pub(crate) ask_floor_permille_min: u32,
+    /// Nodes with availability windows, and the minute the matcher last opened or closed them.
+    pub(crate) windowed: Vec<u32>,
+    pub(crate) clock_minute: Option<i64>,
 }
 
 /// reliability^α in parts per million, at least 1.
@@ -206,6 +217,11 @@ impl Matcher {
             loads.push(load);
             gpu_milli_total += u64::from(node.gpu_count) * u64::from(GPU_MILLI_WHOLE);
         }
+        let windowed: Vec<u32> = nodes
+            .iter()
+            .filter(|node| !node.policy.windows.is_empty())
+            .map(|node| node.id.0)
+            .collect();
         let ask_floor_permille_min = statics.iter().map(|node| node.ask_floor_permille).min().unwrap_or(1000);
         let regions = topology.regions.len().max(1);
         let index = Tier::ALL.map(|tier| Index::build(&statics, &loads, regions, tier as usize));
@@ -225,6 +241,8 @@ impl Matcher {
             gpu_milli_total,
             gpu_milli_used: 0,
             ask_floor_permille_min,
+            windowed,
+            clock_minute: None,
         }
     }
 
@@ -279,8 +297,29 @@ impl Matcher {
         (entry.live && entry.generation == generation).then_some(slot)
     }
 
+    /// Moves the matcher's clock: nodes whose availability windows opened or closed since the
+    /// last minute seen enter or leave the indexes. [`Matcher::place`] does it; callers of
+    /// [`Matcher::plan`] alone call it when time moves (a stale clock can only hide a node
+    /// whose window just opened; feasibility always checks windows exactly).
+    pub fn advance_clock(&mut self, now: Timestamp) {
+        let minute = now.div_euclid(60);
+        if self.clock_minute == Some(minute) {
+            return;
+        }
+        self.clock_minute = Some(minute);
+        for position in 0..self.windowed.len() {
+            let node = self.windowed[position] as usize;
+            let closed = self.nodes[node].policy.available_until(now).is_none();
+            if closed != self.loads[node].closed {
+                self.loads[node].closed = closed;
+                self.refresh_levels(node);
+            }
+        }
+    }
+
     /// Plans and commits: one decision.
     pub fn place(&mut self, job: &model::JobSpec, now: Timestamp) -> Result<Placement, crate::Unplaced> {
+        self.advance_clock(now);
         let mut placement = self.plan(job, now)?;
         let leases = self
             .commit(&placement)
@@ -439,19 +478,19 @@ impl Matcher {
     /// Recomputes a node's capacity levels and moves it between index sets if they changed.
     pub(crate) fn refresh_levels(&mut self, node: usize) {
         let load = &self.loads[node];
-        let (whole, bucket) = if load.offline {
+        let (whole, bucket) = if load.offline || load.closed {
             (0, 0)
         } else {
             load.levels(self.statics[node].gpu_count)
         };
-        let (old_whole, old_bucket) = (load.whole_free, load.share_bucket);
-        if (whole, bucket) != (old_whole, old_bucket) {
+        let new = (whole, bucket, load.current_tier_class());
+        let old = (load.whole_free, load.share_bucket, load.tier_class);
+        if new != old {
             for index in &mut self.index {
-                index.move_node(node, (old_whole, old_bucket), (whole, bucket));
+                index.move_node(node, old, new);
             }
             let load = &mut self.loads[node];
-            load.whole_free = whole;
-            load.share_bucket = bucket;
+            (load.whole_free, load.share_bucket, load.tier_class) = new;
         }
     }
 }

@@ -148,6 +148,39 @@ fn windows_must_cover_the_runtime_of_work_that_cannot_be_interrupted() {
     let mut bronze = job(2, Tier::Bronze, whole(1), "5");
     bronze.max_runtime_s = 7200;
     assert!(m.plan(&bronze, NOW).is_ok(), "bronze may use any window");
+    assert_eq!(
+        m.explain(&bronze, NOW + 3600).excluded,
+        vec![(Reason::Window, 1)],
+        "but not a closed one"
+    );
+}
+
+#[test]
+fn the_clock_takes_closed_nodes_out_of_the_index() {
+    let (topology, mut nodes) = fleet(vec![
+        node("eu", "H100", 8, "1.00", 0.99),
+        node("eu", "H100", 8, "2.00", 0.99),
+    ]);
+    nodes[0].policy.windows = vec![AvailabilityWindow::Once {
+        start: NOW + 600,
+        end: NOW + 7200,
+    }];
+    let mut m = matcher::Matcher::new(topology, nodes, Default::default());
+    let first = m.place(&job(1, Tier::Bronze, whole(1), "5"), NOW).unwrap();
+    assert_eq!(
+        first.leases[0].node,
+        NodeId(1),
+        "node 0 is closed until its window opens"
+    );
+    m.consistency_check().unwrap();
+    let later = m.place(&job(2, Tier::Bronze, whole(1), "5"), NOW + 600).unwrap();
+    assert_eq!(later.leases[0].node, NodeId(0));
+    m.advance_clock(NOW + 7200);
+    m.consistency_check().unwrap();
+    assert_eq!(
+        m.plan(&job(3, Tier::Bronze, whole(7), "5"), NOW + 7200).unwrap().leases[0].node,
+        NodeId(1)
+    );
 }
 
 #[test]
