@@ -157,10 +157,16 @@ impl Matcher {
         if statics.tiers & (1 << tier as u8) == 0 || statics.asks[tier as usize] == i64::MAX {
             return None;
         }
-        if statics.has_price_rules {
-            self.nodes[node].policy.ask_at(tier, now)
+        let base = Micros(statics.asks[tier as usize]);
+        if !statics.has_price_rules {
+            Some(base)
+        } else if self.clock_minute == Some(now.div_euclid(60)) {
+            match self.loads[node].price_multiplier_permille {
+                0 => Some(base),
+                multiplier => base.scale(u64::from(multiplier), 1000),
+            }
         } else {
-            Some(Micros(statics.asks[tier as usize]))
+            self.nodes[node].policy.ask_at(tier, now)
         }
     }
 
@@ -203,7 +209,11 @@ impl Matcher {
         if !statics.always_available {
             // Every job needs the node open now; work that cannot be interrupted needs the
             // window to cover its whole runtime.
-            let available = self.nodes[node].policy.available_until(context.now);
+            let available = if statics.weekly_windows_only && self.clock_minute == Some(context.now.div_euclid(60)) {
+                self.loads[node].open_until
+            } else {
+                self.nodes[node].policy.available_until(context.now)
+            };
             match (available, context.window_until) {
                 (None, _) => return Err(Reason::Window),
                 (Some(end), Some(until)) if end < until => return Err(Reason::Window),

@@ -29,6 +29,8 @@ pub(crate) fn light_copy(load: &NodeLoad) -> NodeLoad {
         share_bucket: load.share_bucket,
         offline: load.offline,
         closed: load.closed,
+        open_until: load.open_until,
+        price_multiplier_permille: load.price_multiplier_permille,
         tier_class: load.tier_class,
         bronze_milli: load.bronze_milli,
         other_milli: load.other_milli,
@@ -437,25 +439,50 @@ impl Matcher {
                 true
             });
         }
-        candidates.sort_unstable_by_key(|(domain, score, node, _, _)| (*domain, *score, *node));
-        candidates.dedup_by_key(|(domain, _, node, _, _)| (*domain, *node));
-        let mut best: Option<(u128, u64, usize, usize)> = None; // (cost, domain, start, end)
+        if matches!(job.resources.gpu, GpuDemand::Share { .. }) {
+            // A node may sit in a share bucket and a whole level at once.
+            candidates.sort_unstable_by_key(|candidate| candidate.2);
+            candidates.dedup_by_key(|candidate| candidate.2);
+        }
+        // Group by domain with a counting sort (domain ids are dense), then cost each domain
+        // that can hold the gang by its cheapest replicas: O(candidates) for whole-node replicas.
+        let domains = self.domain_count(job.topology);
+        let mut offsets = vec![0usize; domains + 1];
+        let mut held = vec![0u64; domains];
+        for candidate in &candidates {
+            offsets[candidate.0 as usize + 1] += 1;
+            held[candidate.0 as usize] += u64::from(candidate.3);
+        }
+        for domain in 0..domains {
+            offsets[domain + 1] += offsets[domain];
+        }
+        let mut grouped: Vec<(u64, u64, u32, u32, Fit)> = candidates.clone();
+        let mut cursor = offsets.clone();
+        for candidate in candidates {
+            let domain = candidate.0 as usize;
+            grouped[cursor[domain]] = candidate;
+            cursor[domain] += 1;
+        }
+        let order_key = |candidate: &(u64, u64, u32, u32, Fit)| (candidate.1, candidate.2);
+        let wanted = replicas as usize;
+        let mut best: Option<(u128, u64)> = None; // (cost, domain)
         let mut best_held = 0u32;
-        let mut start = 0;
-        while start < candidates.len() {
-            let domain = candidates[start].0;
-            let end = start
-                + candidates[start..]
-                    .iter()
-                    .take_while(|candidate| candidate.0 == domain)
-                    .count();
-            let group = &candidates[start..end];
-            let held: u64 = group.iter().map(|candidate| u64::from(candidate.3)).sum();
-            best_held = best_held.max(held.min(u64::from(u32::MAX)) as u32);
-            if held >= u64::from(replicas) {
+        for domain in 0..domains {
+            best_held = best_held.max(held[domain].min(u64::from(u32::MAX)) as u32);
+            if held[domain] < u64::from(replicas) {
+                continue;
+            }
+            let group = &mut grouped[offsets[domain]..offsets[domain + 1]];
+            let cost: u128 = if group.iter().all(|candidate| candidate.3 == 1) {
+                if group.len() > wanted {
+                    group.select_nth_unstable_by_key(wanted - 1, order_key);
+                }
+                group[..wanted].iter().map(|candidate| u128::from(candidate.1)).sum()
+            } else {
+                group.sort_unstable_by_key(order_key);
                 let mut remaining = replicas;
-                let mut cost: u128 = 0;
-                for candidate in group {
+                let mut cost = 0u128;
+                for candidate in group.iter() {
                     let take = candidate.3.min(remaining);
                     cost += u128::from(candidate.1) * u128::from(take);
                     remaining -= take;
@@ -463,13 +490,13 @@ impl Matcher {
                         break;
                     }
                 }
-                if best.is_none_or(|(best_cost, best_domain, _, _)| (cost, domain) < (best_cost, best_domain)) {
-                    best = Some((cost, domain, start, end));
-                }
+                cost
+            };
+            if best.is_none_or(|best| (cost, domain as u64) < best) {
+                best = Some((cost, domain as u64));
             }
-            start = end;
         }
-        let Some((_, _, start, end)) = best else {
+        let Some((_, domain)) = best else {
             return Err(Unplaced::NoDomainFits {
                 job: job.id,
                 level: job.topology.name(),
@@ -477,6 +504,11 @@ impl Matcher {
                 best: best_held,
             });
         };
+        let group = &mut grouped[offsets[domain as usize]..offsets[domain as usize + 1]];
+        // The chosen replicas in score order; the runner-up is the best candidate left out.
+        group.sort_unstable_by_key(order_key);
+        let (start, end) = (0, group.len());
+        let candidates = &*group;
         let mut chosen: Vec<(Fit, u32)> = Vec::with_capacity(replicas as usize);
         let mut loser = None;
         for candidate in &candidates[start..end] {
@@ -505,6 +537,18 @@ impl Matcher {
         Ok(self.placement(context, &chosen, loser.as_ref()))
     }
 
+    /// How many domains a topology level has (their ids are dense).
+    pub(crate) fn domain_count(&self, level: TopologyLevel) -> usize {
+        match level {
+            TopologyLevel::Node => self.nodes.len(),
+            TopologyLevel::Nvlink => self.topology.nvlink_domains.len(),
+            TopologyLevel::Fabric => self.topology.fabrics.len(),
+            TopologyLevel::Site => self.topology.sites.len(),
+            TopologyLevel::Region => self.topology.regions.len(),
+            TopologyLevel::Any => 1,
+        }
+    }
+
     /// How many replicas (up to `limit`) fit on a node now.
     pub(crate) fn replica_capacity(&self, node: usize, load: &NodeLoad, context: &JobContext, limit: u32) -> u32 {
         let statics = &self.statics[node];
@@ -531,13 +575,13 @@ impl Matcher {
 
     /// The id of the topology domain at `level` that holds a node.
     pub(crate) fn domain_of(&self, node: usize, level: TopologyLevel) -> u64 {
-        let path = &self.nodes[node].path;
+        let statics = &self.statics[node];
         match level {
             TopologyLevel::Node => node as u64,
-            TopologyLevel::Nvlink => u64::from(path.nvlink.0),
-            TopologyLevel::Fabric => u64::from(path.fabric.0),
-            TopologyLevel::Site => u64::from(path.site.0),
-            TopologyLevel::Region => u64::from(path.region.0),
+            TopologyLevel::Nvlink => u64::from(statics.nvlink),
+            TopologyLevel::Fabric => u64::from(statics.fabric),
+            TopologyLevel::Site => u64::from(statics.site),
+            TopologyLevel::Region => u64::from(statics.region),
             TopologyLevel::Any => 0,
         }
     }

@@ -17,12 +17,17 @@ use crate::{CommitError, MatcherConfig, Placement};
 #[derive(Clone, Debug)]
 pub(crate) struct NodeStatic {
     pub region: u16,
+    pub site: u16,
+    pub fabric: u32,
+    pub nvlink: u32,
     pub model: u16,
     pub gpu_count: u8,
     pub tiers: u8,
     pub classes: u8,
     pub always_available: bool,
     pub has_price_rules: bool,
+    /// Windows that are all weekly: availability is constant within a minute.
+    pub weekly_windows_only: bool,
     /// The lowest multiplier of the price schedule (≤ 1000): base asks × this bound every ask.
     pub ask_floor_permille: u32,
     pub cpu_milli: u32,
@@ -52,6 +57,11 @@ pub(crate) struct NodeLoad {
     pub offline: bool,
     /// Outside its provider's availability windows at the matcher's clock: sells nothing now.
     pub closed: bool,
+    /// At the matcher's clock minute: the end of the node's availability (weekly windows only)
+    /// and the multiplier of its price rule in force (0 = none). Cached so the hot path does
+    /// not read the cold policy.
+    pub open_until: Option<Timestamp>,
+    pub price_multiplier_permille: u32,
     /// Milli-GPU held by bronze leases and by all others: the ranking keeps the two apart, so
     /// that preemption can free whole nodes.
     pub bronze_milli: u32,
@@ -147,6 +157,8 @@ pub struct Matcher {
     pub(crate) ask_floor_permille_min: u32,
     /// Nodes with availability windows, and the minute the matcher last opened or closed them.
     pub(crate) windowed: Vec<u32>,
+    /// Nodes with time-of-day price rules.
+    pub(crate) priced: Vec<u32>,
     pub(crate) clock_minute: Option<i64>,
 }
 
@@ -183,12 +195,20 @@ impl Matcher {
             let asks = node.policy.asks.map(|ask| ask.map_or(i64::MAX, |micros| micros.0));
             statics.push(NodeStatic {
                 region: node.path.region.0,
+                site: node.path.site.0,
+                fabric: node.path.fabric.0,
+                nvlink: node.path.nvlink.0,
                 model: node.gpu_model.0,
                 gpu_count: node.gpu_count,
                 tiers: node.policy.allowed_tiers.0,
                 classes: node.policy.allowed_classes.0,
                 always_available: node.policy.windows.is_empty(),
                 has_price_rules: !node.policy.price_rules.is_empty(),
+                weekly_windows_only: node
+                    .policy
+                    .windows
+                    .iter()
+                    .all(|window| matches!(window, model::AvailabilityWindow::Weekly { .. })),
                 ask_floor_permille: node
                     .policy
                     .price_rules
@@ -222,6 +242,11 @@ impl Matcher {
             .filter(|node| !node.policy.windows.is_empty())
             .map(|node| node.id.0)
             .collect();
+        let priced: Vec<u32> = nodes
+            .iter()
+            .filter(|node| !node.policy.price_rules.is_empty())
+            .map(|node| node.id.0)
+            .collect();
         let ask_floor_permille_min = statics.iter().map(|node| node.ask_floor_permille).min().unwrap_or(1000);
         let regions = topology.regions.len().max(1);
         let index = Tier::ALL.map(|tier| Index::build(&statics, &loads, regions, tier as usize));
@@ -242,6 +267,7 @@ impl Matcher {
             gpu_milli_used: 0,
             ask_floor_permille_min,
             windowed,
+            priced,
             clock_minute: None,
         }
     }
@@ -307,9 +333,22 @@ impl Matcher {
             return;
         }
         self.clock_minute = Some(minute);
+        let minute_start = minute * 60;
+        for position in 0..self.priced.len() {
+            let node = self.priced[position] as usize;
+            self.loads[node].price_multiplier_permille =
+                self.nodes[node].policy.multiplier_at(minute_start).unwrap_or(0);
+        }
         for position in 0..self.windowed.len() {
             let node = self.windowed[position] as usize;
-            let closed = self.nodes[node].policy.available_until(now).is_none();
+            let policy = &self.nodes[node].policy;
+            let open_until = policy.available_until(minute_start);
+            let closed = if self.statics[node].weekly_windows_only {
+                open_until.is_none()
+            } else {
+                policy.available_until(now).is_none()
+            };
+            self.loads[node].open_until = open_until;
             if closed != self.loads[node].closed {
                 self.loads[node].closed = closed;
                 self.refresh_levels(node);

@@ -114,16 +114,20 @@ impl ProviderPolicy {
         if !self.allowed_tiers.contains(tier) {
             return None;
         }
-        let weekday = time::weekday(at);
-        let minute = time::minute_of_day(at);
-        let rule = self
-            .price_rules
-            .iter()
-            .find(|rule| rule.days & (1 << weekday) != 0 && rule.start_minute <= minute && minute < rule.end_minute);
-        match rule {
-            Some(rule) => base.scale(u64::from(rule.multiplier_permille), 1000),
+        match self.multiplier_at(at) {
+            Some(multiplier_permille) => base.scale(u64::from(multiplier_permille), 1000),
             None => Some(base),
         }
+    }
+
+    /// The multiplier of the price rule in force at `at`, if one is.
+    pub fn multiplier_at(&self, at: Timestamp) -> Option<u32> {
+        let weekday = time::weekday(at);
+        let minute = time::minute_of_day(at);
+        self.price_rules
+            .iter()
+            .find(|rule| rule.days & (1 << weekday) != 0 && rule.start_minute <= minute && minute < rule.end_minute)
+            .map(|rule| rule.multiplier_permille)
     }
 
     /// The end of the availability that contains `at`, following chained windows; `None` if the
