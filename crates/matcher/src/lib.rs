@@ -59,7 +59,7 @@ impl Default for MatcherConfig {
             leftover_gpu_permille: 15,
             split_gpu_permille: 60,
             leftover_share_permille_per_100_milli: 5,
-            tier_mix_permille: 200,
+            tier_mix_permille: 400,
             candidates_per_level: 2,
             candidates_per_level_rescored: 8,
             preemption_grace_s: 30,

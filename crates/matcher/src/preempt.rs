@@ -4,7 +4,7 @@
 //! victims lose the least in total. Gang repair replaces only the lost replicas of a running
 //! gang, as close to the survivors as the topology allows.
 
-use model::{JobId, JobSpec, Lease, LeaseId, NodeId, Tier, Timestamp, TopologyLevel};
+use model::{JobId, JobSpec, Lease, LeaseId, NodeId, Tier, Timestamp};
 
 use crate::fit::{Fit, JobContext};
 use crate::search::light_copy;
@@ -43,17 +43,24 @@ struct Slot {
     sequence: u32,
     fit: Fit,
     victims: Vec<u32>,
+    /// Every lease on the node is a victim (then `victims` is left empty, to save a copy).
+    all_leases: bool,
 }
 
 impl Matcher {
+    fn slot_victims<'a>(&'a self, slot: &'a Slot) -> &'a [u32] {
+        if slot.all_leases {
+            &self.loads[slot.node as usize].leases
+        } else {
+            &slot.victims
+        }
+    }
+
     /// GPU-seconds a lease loses if stopped now.
     fn lost_work(&self, slot: u32, now: Timestamp) -> u64 {
         let entry = &self.leases[slot as usize];
         let lease = &entry.lease;
-        let checkpoint = self
-            .jobs
-            .get(&lease.job)
-            .map_or(0, |record| record.checkpoint_interval_s);
+        let checkpoint = entry.checkpoint_interval_s;
         let ran = (now - lease.start).max(0) as u64;
         let since_checkpoint = if checkpoint > 0 {
             ran % u64::from(checkpoint)
@@ -82,6 +89,29 @@ impl Matcher {
         if (wanted > 0 && u32::from(statics.gpu_count) < held_by_others + u32::from(wanted))
             || self.static_check(node, context).is_err()
         {
+            return;
+        }
+        // A replica that needs every GPU of a node holding only bronze: all of it goes, at once.
+        if wanted == statics.gpu_count && limit >= 1 && load.other_milli == 0 && !load.leases.is_empty() {
+            let empty = NodeLoad {
+                offline: load.offline,
+                closed: load.closed,
+                ..NodeLoad::default()
+            };
+            if let Ok(fit) = self.fit_on(node, &empty, context) {
+                let lost = load.leases.iter().map(|slot| self.lost_work(*slot, now)).sum();
+                out.push(Slot {
+                    domain: self.domain_of(node, context.job.topology),
+                    distance,
+                    lost_gpu_seconds: lost,
+                    score: fit.score,
+                    node: node as u32,
+                    sequence: 0,
+                    fit,
+                    victims: Vec::new(),
+                    all_leases: true,
+                });
+            }
             return;
         }
         let mut bronze: Vec<(u64, u32)> = load
@@ -116,6 +146,7 @@ impl Matcher {
                         sequence: placed,
                         fit,
                         victims: std::mem::take(&mut evicted),
+                        all_leases: false,
                     });
                     placed += 1;
                 }
@@ -145,41 +176,38 @@ impl Matcher {
                 reason: "bronze work never preempts".into(),
             });
         }
-        if let Ok(placement) = self.plan(job, now) {
+        // A gang's scan below finds a placement without victims too when one exists (it loses
+        // no work); a single replica first tries the cheap indexed path.
+        if job.replicas == 1
+            && let Ok(placement) = self.plan(job, now)
+        {
             return Ok(PreemptionPlan {
                 placement,
                 victims: Vec::new(),
             });
         }
         let context = JobContext::new(job, now);
-        let mut slots = Vec::new();
-        for (order, range) in self.ranges_for(&context) {
-            for rank in range.ranks.clone() {
-                self.node_slots(
-                    order.nodes[rank as usize] as usize,
-                    &context,
-                    job.replicas,
-                    now,
-                    &mut slots,
-                    0,
-                );
-            }
+        // Every node, in memory order (feasibility checks region, model and price).
+        let mut slots = Vec::with_capacity(self.nodes.len() / 4);
+        for node in 0..self.nodes.len() {
+            self.node_slots(node, &context, job.replicas, now, &mut slots, 0);
         }
-        let chosen = choose_domain(&mut slots, job.replicas, job.topology).ok_or(Unplaced::NoDomainFits {
+        let chosen = choose_domain(&slots, job.replicas).ok_or(Unplaced::NoDomainFits {
             job: job.id,
             level: job.topology.name(),
             replicas: job.replicas,
             best: 0,
         })?;
         // A node's later slots are valid only with its earlier ones: take each chosen node's first slots.
+        let mut chosen_nodes: Vec<u32> = chosen.iter().map(|position| slots[*position].node).collect();
+        chosen_nodes.sort_unstable();
         let mut per_node: Vec<(u32, u32)> = Vec::new();
-        for slot in &slots[chosen] {
-            match per_node.iter_mut().find(|(node, _)| *node == slot.node) {
-                Some(entry) => entry.1 += 1,
-                None => per_node.push((slot.node, 1)),
+        for node in chosen_nodes {
+            match per_node.last_mut() {
+                Some(entry) if entry.0 == node => entry.1 += 1,
+                _ => per_node.push((node, 1)),
             }
         }
-        per_node.sort_unstable();
         let mut selected: Vec<Slot> = slots
             .iter()
             .filter(|slot| {
@@ -202,7 +230,7 @@ impl Matcher {
         let placement = self.placement(context, &fits, None);
         let mut victims: Vec<Victim> = slots
             .iter()
-            .flat_map(|slot| slot.victims.iter())
+            .flat_map(|slot| self.slot_victims(slot).iter())
             .map(|slot| {
                 let entry = &self.leases[*slot as usize];
                 Victim {
@@ -272,6 +300,7 @@ impl Matcher {
                                 sequence: 0,
                                 fit,
                                 victims: Vec::new(),
+                                all_leases: false,
                             });
                         }
                         continue;
@@ -285,12 +314,17 @@ impl Matcher {
                     !slot
                         .victims
                         .iter()
-                        .any(|victim| chosen.iter().any(|other| other.victims.contains(victim)))
+                        .chain(if slot.all_leases {
+                            self.loads[slot.node as usize].leases.iter()
+                        } else {
+                            [].iter()
+                        })
+                        .any(|victim| chosen.iter().any(|other| self.slot_victims(other).contains(victim)))
                 })
                 .min_by_key(|slot| {
                     (
                         slot.distance,
-                        !slot.victims.is_empty(),
+                        !self.slot_victims(slot).is_empty(),
                         slot.lost_gpu_seconds,
                         slot.score,
                         slot.node,
@@ -305,7 +339,7 @@ impl Matcher {
                     used.len() - 1
                 }
             };
-            for victim in &best.victims {
+            for victim in self.slot_victims(&best) {
                 apply_usage(
                     &mut used[position].1,
                     &self.statics[node],
@@ -333,25 +367,38 @@ impl Matcher {
     }
 }
 
-/// Picks the domain whose cheapest `replicas` slots lose the least work (then cost less),
-/// reorders `slots` so the chosen ones come first, and returns their range.
-fn choose_domain(slots: &mut [Slot], replicas: u32, _level: TopologyLevel) -> Option<std::ops::Range<usize>> {
-    slots.sort_unstable_by_key(|slot| (slot.domain, slot.lost_gpu_seconds, slot.score, slot.node));
+/// Picks the domain whose cheapest `replicas` slots lose the least work (then cost less) and
+/// returns those slots' positions. Sorts small keys, not the slots.
+fn choose_domain(slots: &[Slot], replicas: u32) -> Option<Vec<usize>> {
+    let mut keys: Vec<(u64, u64, u64, u32, u32)> = slots
+        .iter()
+        .enumerate()
+        .map(|(position, slot)| {
+            (
+                slot.domain,
+                slot.lost_gpu_seconds,
+                slot.score,
+                slot.node,
+                position as u32,
+            )
+        })
+        .collect();
+    keys.sort_unstable();
     let replicas = replicas as usize;
     let mut best: Option<((u128, u128, u64), usize)> = None;
     let mut start = 0;
-    while start < slots.len() {
-        let domain = slots[start].domain;
-        let end = start + slots[start..].iter().take_while(|slot| slot.domain == domain).count();
+    while start < keys.len() {
+        let domain = keys[start].0;
+        let end = start + keys[start..].iter().take_while(|key| key.0 == domain).count();
         if end - start >= replicas {
-            let taken = &slots[start..start + replicas];
-            let lost: u128 = taken.iter().map(|slot| u128::from(slot.lost_gpu_seconds)).sum();
-            let score: u128 = taken.iter().map(|slot| u128::from(slot.score)).sum();
-            if best.is_none_or(|(key, _)| (lost, score, domain) < key) {
+            let taken = &keys[start..start + replicas];
+            let lost: u128 = taken.iter().map(|key| u128::from(key.1)).sum();
+            let score: u128 = taken.iter().map(|key| u128::from(key.2)).sum();
+            if best.is_none_or(|(best_key, _)| (lost, score, domain) < best_key) {
                 best = Some(((lost, score, domain), start));
             }
         }
         start = end;
     }
-    best.map(|(_, start)| start..start + replicas)
+    best.map(|(_, start)| keys[start..start + replicas].iter().map(|key| key.4 as usize).collect())
 }

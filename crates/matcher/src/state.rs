@@ -102,13 +102,14 @@ pub(crate) struct LeaseSlot {
     pub generation: u32,
     pub live: bool,
     pub preempt_at: Option<Timestamp>,
+    /// The job's checkpoint interval, beside the lease so preemption costs it without a lookup.
+    pub checkpoint_interval_s: u32,
 }
 
 #[derive(Clone, Debug)]
 pub(crate) struct JobRecord {
     pub tier: Tier,
     pub leases: Vec<LeaseId>,
-    pub checkpoint_interval_s: u32,
 }
 
 /// FNV-1a: a fixed, seedless hash, so that nothing depends on a random hasher seed. Maps are
@@ -409,6 +410,7 @@ impl Matcher {
                         generation: 0,
                         live: false,
                         preempt_at: None,
+                        checkpoint_interval_s: 0,
                     });
                     self.leases.len() - 1
                 }
@@ -424,6 +426,7 @@ impl Matcher {
                 generation,
                 live: true,
                 preempt_at: placement.preempt_at,
+                checkpoint_interval_s: placement.checkpoint_interval_s,
             };
             let node = lease.node.index();
             let applied = apply_usage(&mut self.loads[node], &self.statics[node], &lease, true);
@@ -448,7 +451,6 @@ impl Matcher {
                     JobRecord {
                         tier: placement.tier,
                         leases: ids,
-                        checkpoint_interval_s: placement.checkpoint_interval_s,
                     },
                 );
             }
