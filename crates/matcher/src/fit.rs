@@ -335,7 +335,7 @@ impl Matcher {
         }
         let bytes_per_second = u64::from(node.network_mbit_s.max(1)) * 125_000;
         let staging_s = missing_bytes.div_ceil(bytes_per_second);
-        (staging_s * 1000 / u64::from(context.job.max_runtime_s.max(1))).min(10_000)
+        (staging_s * 1000 / u64::from(context.job.max_runtime_s.max(1))).min(self.config.data_penalty_max_permille)
     }
 
     /// Round trip beyond the target, as a share of the target (100 % over doubles the score).

@@ -40,6 +40,10 @@ pub struct MatcherConfig {
     /// Penalty for putting bronze work beside gold or silver work on a node (or the reverse):
     /// kept apart, bronze frees whole nodes and domains when gold needs them.
     pub tier_mix_permille: u64,
+    /// Caps of the data-staging and latency terms: a node that lacks the data or is far away
+    /// still competes, at up to this much over its effective ask (and the search stays bounded).
+    pub data_penalty_max_permille: u64,
+    pub latency_penalty_max_permille: u64,
     /// Candidates taken per capacity level and node range; more for jobs with datasets or a
     /// latency target, whose score depends on more than the static order.
     pub candidates_per_level: usize,
@@ -60,6 +64,8 @@ impl Default for MatcherConfig {
             split_gpu_permille: 60,
             leftover_share_permille_per_100_milli: 5,
             tier_mix_permille: 400,
+            data_penalty_max_permille: 500,
+            latency_penalty_max_permille: 1000,
             candidates_per_level: 2,
             candidates_per_level_rescored: 8,
             preemption_grace_s: 30,
