@@ -71,8 +71,8 @@ impl Matcher {
         context: &JobContext,
         whole_taken: u8,
     ) -> Result<Option<Timestamp>, Reason> {
-        let per_node = &self.reservations.per_node[node];
-        if per_node.is_empty() {
+        // Most of the time nothing is reserved anywhere: skip the per-node lists entirely.
+        if self.reservations.by_job.is_empty() || self.reservations.per_node[node].is_empty() {
             return Ok(None);
         }
         let end = context.now.saturating_add(i64::from(context.job.max_runtime_s));

@@ -421,20 +421,14 @@ impl Matcher {
     fn plan_gang(&self, context: &JobContext) -> Result<Placement, Unplaced> {
         let job = context.job;
         let replicas = job.replicas;
-        // (domain, score, node, replicas the node can hold, first fit)
-        let mut candidates: Vec<(u64, u64, u32, u32, Fit)> = Vec::new();
+        // (domain, score, node, replicas the node can hold): small, so grouping moves little.
+        let mut candidates: Vec<(u64, u64, u32, u32)> = Vec::with_capacity(self.nodes.len() / 2);
         for (order, range) in self.ranges_for(context) {
             self.walk_levels(order, range, context, usize::MAX, |node| {
                 let load = &self.loads[node];
                 if let Ok(fit) = self.fit_on(node, load, context) {
                     let capacity = self.replica_capacity(node, load, context, replicas);
-                    candidates.push((
-                        self.domain_of(node, job.topology),
-                        fit.score,
-                        node as u32,
-                        capacity,
-                        fit,
-                    ));
+                    candidates.push((self.domain_of(node, job.topology), fit.score, node as u32, capacity));
                 }
                 true
             });
@@ -456,14 +450,14 @@ impl Matcher {
         for domain in 0..domains {
             offsets[domain + 1] += offsets[domain];
         }
-        let mut grouped: Vec<(u64, u64, u32, u32, Fit)> = candidates.clone();
+        let mut grouped: Vec<(u64, u64, u32, u32)> = candidates.clone();
         let mut cursor = offsets.clone();
         for candidate in candidates {
             let domain = candidate.0 as usize;
             grouped[cursor[domain]] = candidate;
             cursor[domain] += 1;
         }
-        let order_key = |candidate: &(u64, u64, u32, u32, Fit)| (candidate.1, candidate.2);
+        let order_key = |candidate: &(u64, u64, u32, u32)| (candidate.1, candidate.2);
         let wanted = replicas as usize;
         let mut best: Option<(u128, u64)> = None; // (cost, domain)
         let mut best_held = 0u32;
@@ -513,7 +507,8 @@ impl Matcher {
         let mut loser = None;
         for candidate in &candidates[start..end] {
             if chosen.len() as u32 == replicas {
-                loser = Some(candidate.4);
+                let node = candidate.2 as usize;
+                loser = self.fit_on(node, &self.loads[node], context).ok();
                 break;
             }
             let node = candidate.2 as usize;
