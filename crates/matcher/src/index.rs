@@ -22,6 +22,17 @@ pub(crate) const TIER_CLASSES: usize = 4;
 /// A node's place in the sets: (whole GPUs free, share bucket, tier class).
 pub(crate) type Levels = (u8, u8, u8);
 
+/// A node as the search first sees it: its effective-ask key (the bound), a lower bound of its
+/// ask for the order's tier at any time, and its reliability, so that nodes over the price cap
+/// or under the reliability floor are skipped without touching the node.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RankEntry {
+    pub key: u64,
+    pub ask_floor: i64,
+    pub node: u32,
+    pub reliability_ppm: u32,
+}
+
 /// One node order with its level sets.
 #[derive(Clone, Debug)]
 pub(crate) struct Order {
@@ -29,13 +40,8 @@ pub(crate) struct Order {
     pub nodes: Vec<u32>,
     /// node → rank
     pub ranks: Vec<u32>,
-    /// rank → the node's effective-ask key, beside the order for the search's bounds.
-    pub keys: Vec<u64>,
-    /// rank → a lower bound of the node's ask for the order's tier at any time, and its
-    /// reliability: the search skips nodes over the price cap or under the reliability floor
-    /// without touching the node.
-    pub ask_floors: Vec<i64>,
-    pub reliabilities: Vec<u32>,
+    /// rank → what the search reads about a node before touching it, in one cache line.
+    pub entries: Vec<RankEntry>,
     /// `whole[f × 4 + c]`: nodes of tier class c with exactly f whole GPUs free (f ≥ 1).
     pub whole: Vec<RankSet>,
     /// `share[b × 4 + c]`: nodes of tier class c whose best partly used GPU has a free share in bucket b (b ≥ 1).
@@ -50,19 +56,17 @@ impl Order {
         for (rank, &node) in nodes.iter().enumerate() {
             ranks[node as usize] = rank as u32;
         }
-        let keys = nodes.iter().map(|&node| sort_key(node as usize).1).collect();
-        let ask_floors = nodes
+        let entries = nodes
             .iter()
-            .map(|&node| ask_floor(&statics[node as usize], tier))
-            .collect();
-        let reliabilities = nodes
-            .iter()
-            .map(|&node| statics[node as usize].reliability_ppm)
+            .map(|&node| RankEntry {
+                key: sort_key(node as usize).1,
+                ask_floor: ask_floor(&statics[node as usize], tier),
+                node,
+                reliability_ppm: statics[node as usize].reliability_ppm,
+            })
             .collect();
         let mut order = Order {
-            keys,
-            ask_floors,
-            reliabilities,
+            entries,
             whole: (0..WHOLE_LEVELS * TIER_CLASSES)
                 .map(|_| RankSet::new(statics.len()))
                 .collect(),

@@ -271,7 +271,7 @@ impl Matcher {
         let ranges: Vec<(&Order, &RangeInfo)> = self.ranges_for(context).collect();
         for (position, (order, range)) in ranges.iter().enumerate() {
             heap.push(Reverse((
-                self.bound(order.keys[range.ranks.start as usize], 0),
+                self.bound(order.entries[range.ranks.start as usize].key, 0),
                 RANGE | position as u32,
             )));
         }
@@ -286,7 +286,10 @@ impl Matcher {
                 let (start, end) = (range.ranks.start as usize, range.ranks.end as usize);
                 self.lanes(order, range, context, |set, penalty| {
                     if let Some(rank) = set.next_at_or_after(start).filter(|rank| *rank < end) {
-                        heap.push(Reverse((self.bound(order.keys[rank], penalty), cursors.len() as u32)));
+                        heap.push(Reverse((
+                            self.bound(order.entries[rank].key, penalty),
+                            cursors.len() as u32,
+                        )));
                         cursors.push(Cursor {
                             set,
                             order,
@@ -299,15 +302,36 @@ impl Matcher {
                 continue;
             }
             let cursor = &mut cursors[index as usize];
-            let rank = cursor.rank;
             let order = cursor.order;
-            let node = order.nodes[rank] as usize;
-            if let Some(next) = cursor.set.next_at_or_after(rank + 1).filter(|rank| *rank < cursor.end) {
-                cursor.rank = next;
-                heap.push(Reverse((self.bound(order.keys[next], cursor.penalty), index)));
+            // Nodes over the price cap or under the reliability floor are passed over here,
+            // without a trip through the heap.
+            let mut rank = cursor.rank;
+            let mut skipped = false;
+            let passes = |entry: &crate::index::RankEntry| {
+                entry.ask_floor <= max_price && entry.reliability_ppm >= reliability_min
+            };
+            while !passes(&order.entries[rank]) {
+                skipped = true;
+                match cursor.set.next_at_or_after(rank + 1).filter(|next| *next < cursor.end) {
+                    Some(next) => rank = next,
+                    None => {
+                        rank = usize::MAX;
+                        break;
+                    }
+                }
             }
-            if order.ask_floors[rank] > max_price || order.reliabilities[rank] < reliability_min {
+            if rank == usize::MAX {
                 continue;
+            }
+            if skipped {
+                cursor.rank = rank;
+                heap.push(Reverse((self.bound(order.entries[rank].key, cursor.penalty), index)));
+                continue;
+            }
+            let node = order.entries[rank].node as usize;
+            if let Some(next) = cursor.set.next_at_or_after(rank + 1).filter(|next| *next < cursor.end) {
+                cursor.rank = next;
+                heap.push(Reverse((self.bound(order.entries[next].key, cursor.penalty), index)));
             }
             let Ok(fit) = self.fit_on(node, &self.loads[node], context) else {
                 continue;
