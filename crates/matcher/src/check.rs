@@ -126,6 +126,7 @@ impl Matcher {
     }
 
     fn check_order(&self, name: &str, order: &Order) -> Result<(), String> {
+        order.check_firsts().map_err(|error| format!("{name}: {error}"))?;
         let mut whole_counts = [0usize; WHOLE_LEVELS * TIER_CLASSES];
         let mut share_counts = [0usize; SHARE_BUCKETS * TIER_CLASSES];
         for (node, load) in self.loads.iter().enumerate() {

@@ -46,6 +46,14 @@ pub(crate) struct Order {
     pub whole: Vec<RankSet>,
     /// `share[b × 4 + c]`: nodes of tier class c whose best partly used GPU has a free share in bucket b (b ≥ 1).
     pub share: Vec<RankSet>,
+    /// rank → its range (the run of ranks with the same group: model, or region and model),
+    /// and each range's first rank.
+    range_of_rank: Vec<u16>,
+    range_starts: Vec<u32>,
+    /// `whole_firsts[slot][range]`: the first member of `whole[slot]` in the range, kept on
+    /// every change so that opening a lane costs no bitmap search (`u32::MAX` = none).
+    whole_firsts: Vec<Vec<u32>>,
+    share_firsts: Vec<Vec<u32>>,
 }
 
 impl Order {
@@ -65,6 +73,18 @@ impl Order {
                 reliability_ppm: statics[node as usize].reliability_ppm,
             })
             .collect();
+        let mut range_of_rank = Vec::with_capacity(nodes.len());
+        let mut range_starts: Vec<u32> = Vec::new();
+        let mut previous_group = None;
+        for (rank, &node) in nodes.iter().enumerate() {
+            let group = sort_key(node as usize).0;
+            if previous_group != Some(group) {
+                previous_group = Some(group);
+                range_starts.push(rank as u32);
+            }
+            range_of_rank.push(u16::try_from(range_starts.len() - 1).expect("at most 65,536 ranges in an order"));
+        }
+        let ranges = range_starts.len();
         let mut order = Order {
             entries,
             whole: (0..WHOLE_LEVELS * TIER_CLASSES)
@@ -75,6 +95,10 @@ impl Order {
                 .collect(),
             nodes,
             ranks,
+            range_of_rank,
+            range_starts,
+            whole_firsts: vec![vec![u32::MAX; ranges]; WHOLE_LEVELS * TIER_CLASSES],
+            share_firsts: vec![vec![u32::MAX; ranges]; SHARE_BUCKETS * TIER_CLASSES],
         };
         for (node, load) in loads.iter().enumerate() {
             order.set(node, (load.whole_free, load.share_bucket, load.tier_class), true);
@@ -85,12 +109,72 @@ impl Order {
     fn set(&mut self, node: usize, (whole, bucket, class): Levels, present: bool) {
         let rank = self.ranks[node] as usize;
         let class = class as usize;
-        for (level, sets) in [(whole as usize, &mut self.whole), (bucket as usize, &mut self.share)] {
-            if level > 0 {
-                let set = &mut sets[level * TIER_CLASSES + class];
-                if present { set.insert(rank) } else { set.remove(rank) }
+        let range = self.range_of_rank[rank] as usize;
+        let range_end = self
+            .range_starts
+            .get(range + 1)
+            .map_or(self.nodes.len(), |start| *start as usize);
+        for (level, sets, firsts) in [
+            (whole as usize, &mut self.whole, &mut self.whole_firsts),
+            (bucket as usize, &mut self.share, &mut self.share_firsts),
+        ] {
+            if level == 0 {
+                continue;
+            }
+            let slot = level * TIER_CLASSES + class;
+            let set = &mut sets[slot];
+            let first = &mut firsts[slot][range];
+            if present {
+                set.insert(rank);
+                *first = (*first).min(rank as u32);
+            } else {
+                set.remove(rank);
+                if *first == rank as u32 {
+                    *first = set
+                        .next_at_or_after(rank + 1)
+                        .filter(|next| *next < range_end)
+                        .map_or(u32::MAX, |next| next as u32);
+                }
             }
         }
+    }
+
+    /// The first member of a set in a range, from the kept table. `share` picks the share sets.
+    pub fn first_in_range(&self, share: bool, slot: usize, range: u16) -> Option<usize> {
+        let firsts = if share { &self.share_firsts } else { &self.whole_firsts };
+        let first = firsts[slot][range as usize];
+        (first != u32::MAX).then_some(first as usize)
+    }
+
+    /// Checks the kept first-member tables against the sets (for `consistency_check`).
+    pub fn check_firsts(&self) -> Result<(), String> {
+        for (share, sets, firsts) in [
+            (false, &self.whole, &self.whole_firsts),
+            (true, &self.share, &self.share_firsts),
+        ] {
+            for (slot, set) in sets.iter().enumerate() {
+                for (range, &start) in self.range_starts.iter().enumerate() {
+                    let end = self
+                        .range_starts
+                        .get(range + 1)
+                        .map_or(self.nodes.len(), |next| *next as usize);
+                    let expected = set.next_at_or_after(start as usize).filter(|rank| *rank < end);
+                    let kept = (firsts[slot][range] != u32::MAX).then_some(firsts[slot][range] as usize);
+                    if kept != expected {
+                        return Err(format!(
+                            "first of {} set {slot} in range {range} is {kept:?}, not {expected:?}",
+                            if share { "share" } else { "whole" }
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The range id of a rank.
+    pub fn range_of(&self, rank: u32) -> u16 {
+        self.range_of_rank[rank as usize]
     }
 
     /// The sets of one whole-GPU level, one per tier class.

@@ -27,10 +27,6 @@ impl RankSet {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     pub fn contains(&self, rank: usize) -> bool {
         self.levels[0][rank / 64] & (1 << (rank % 64)) != 0
     }

@@ -11,7 +11,7 @@ use crate::fit::{Fit, JobContext};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::index::{Order, RangeInfo, SHARE_BUCKETS, WHOLE_LEVELS};
+use crate::index::{Order, RangeInfo, SHARE_BUCKETS, TIER_CLASSES, WHOLE_LEVELS};
 use crate::rankset::RankSet;
 use crate::state::{Matcher, NodeLoad, apply_usage};
 use crate::{Placement, Unplaced};
@@ -182,7 +182,7 @@ impl Matcher {
         order: &'a Order,
         range: &RangeInfo,
         context: &JobContext,
-        mut lane: impl FnMut(&'a RankSet, u64),
+        mut lane: impl FnMut(&'a RankSet, usize, u64),
     ) {
         let config = &self.config;
         let top = (range.gpu_count_max as usize).min(WHOLE_LEVELS - 1);
@@ -203,23 +203,29 @@ impl Matcher {
             };
             if mixes { config.tier_mix_permille } else { 0 }
         };
-        let mut add = |sets: &'a [RankSet], penalty: u64| {
+        let range_id = order.range_of(range.ranks.start);
+        let mut add = |share: bool, level: usize, penalty: u64| {
+            let sets = if share {
+                order.share_sets(level)
+            } else {
+                order.whole_sets(level)
+            };
             for (class, set) in sets.iter().enumerate() {
-                if !set.is_empty() {
-                    lane(set, penalty + mix(class));
+                if let Some(first) = order.first_in_range(share, level * TIER_CLASSES + class, range_id) {
+                    lane(set, first, penalty + mix(class));
                 }
             }
         };
         match context.job.resources.gpu {
             GpuDemand::Share { milli } => {
                 for bucket in (milli / 100) as usize + 1..SHARE_BUCKETS {
-                    add(order.share_sets(bucket), 0);
+                    add(true, bucket, 0);
                 }
                 for level in 1..=top {
                     let penalty = config.split_gpu_permille
                         + (level as u64 - 1) * config.leftover_gpu_permille
                         + if top > 1 { breaks(level, 0) } else { 0 };
-                    add(order.whole_sets(level), penalty);
+                    add(false, level, penalty);
                 }
             }
             GpuDemand::None => {}
@@ -231,7 +237,8 @@ impl Matcher {
                     let wanted = (wanted as usize).max(1);
                     for level in wanted..=top {
                         add(
-                            order.whole_sets(level),
+                            false,
+                            level,
                             (level - wanted) as u64 * config.leftover_gpu_permille + breaks(level, wanted),
                         );
                     }
@@ -283,21 +290,19 @@ impl Matcher {
             }
             if index & RANGE != 0 {
                 let (order, range) = ranges[(index & !RANGE) as usize];
-                let (start, end) = (range.ranks.start as usize, range.ranks.end as usize);
-                self.lanes(order, range, context, |set, penalty| {
-                    if let Some(rank) = set.next_at_or_after(start).filter(|rank| *rank < end) {
-                        heap.push(Reverse((
-                            self.bound(order.entries[rank].key, penalty),
-                            cursors.len() as u32,
-                        )));
-                        cursors.push(Cursor {
-                            set,
-                            order,
-                            rank,
-                            end,
-                            penalty,
-                        });
-                    }
+                let end = range.ranks.end as usize;
+                self.lanes(order, range, context, |set, rank, penalty| {
+                    heap.push(Reverse((
+                        self.bound(order.entries[rank].key, penalty),
+                        cursors.len() as u32,
+                    )));
+                    cursors.push(Cursor {
+                        set,
+                        order,
+                        rank,
+                        end,
+                        penalty,
+                    });
                 });
                 continue;
             }
