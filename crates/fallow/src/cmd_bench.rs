@@ -890,21 +890,6 @@ fn bench_preempt(args: &PreemptArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    fn prices() -> BTreeMap<String, Micros> {
-        [
-            ("A100-PCIe-80GB", 1_640_000),
-            ("A100-SXM4-80GB", 1_750_000),
-            ("B200", 5_690_000),
-            ("GH200", 1_490_000),
-            ("H100-PCIe", 2_100_000),
-            ("H100-SXM5", 2_400_000),
-            ("H200-SXM", 3_300_000),
-        ]
-        .into_iter()
-        .map(|(name, micros)| (name.to_string(), Micros(micros)))
-        .collect()
-    }
-
     #[test]
     fn percentiles_are_nearest_rank() {
         let samples: Vec<Duration> = (1..=1000).map(Duration::from_micros).collect();
@@ -916,7 +901,7 @@ mod tests {
 
     #[test]
     fn the_harness_holds_a_small_fleet_near_its_fill_and_agrees_with_the_matcher() {
-        let mut harness = Harness::with_prices(16_000, 1, prices()).unwrap();
+        let mut harness = Harness::with_prices(16_000, 1, synth::sample_prices()).unwrap();
         harness.warm_up(0.6).unwrap();
         assert!(harness.fill() >= 0.6 && harness.fill() < 0.61, "{}", harness.fill());
         let target = fill_target(&harness.matcher, 0.6);
@@ -927,7 +912,7 @@ mod tests {
 
     #[test]
     fn gang_defects_are_found_from_the_leases() {
-        let mut harness = Harness::with_prices(16_000, 1, prices()).unwrap();
+        let mut harness = Harness::with_prices(16_000, 1, synth::sample_prices()).unwrap();
         let job = harness.gang(64, Tier::Gold).unwrap();
         let mut placement = harness.matcher.plan(&job, harness.now).unwrap();
         assert_eq!(harness.gang_defect(&job, &placement), None);

@@ -411,27 +411,11 @@ pub(crate) mod tests {
     use super::*;
     use std::collections::BTreeSet;
 
-    /// Round prices close to the trace's, so tests do not need the trace.
-    pub(crate) fn test_prices() -> BTreeMap<String, Micros> {
-        [
-            ("A100-PCIe-80GB", 1_640_000),
-            ("A100-SXM4-80GB", 1_750_000),
-            ("B200", 5_690_000),
-            ("GH200", 1_490_000),
-            ("H100-PCIe", 2_100_000),
-            ("H100-SXM5", 2_400_000),
-            ("H200-SXM", 3_300_000),
-        ]
-        .into_iter()
-        .map(|(name, micros)| (name.to_string(), Micros(micros)))
-        .collect()
-    }
-
     fn build(gpus: u64, seed: u64) -> Fleet {
         fleet(&FleetSpec {
             gpus,
             seed,
-            prices: test_prices(),
+            prices: crate::sample_prices(),
         })
         .unwrap()
     }
@@ -447,14 +431,14 @@ pub(crate) mod tests {
         let error = fleet(&FleetSpec {
             gpus: 100,
             seed: 1,
-            prices: test_prices(),
+            prices: crate::sample_prices(),
         })
         .unwrap_err();
         assert_eq!(
             error.to_string(),
             "a fleet needs at least 160 GPUs (8 per node, one node per site), not 100"
         );
-        let mut prices = test_prices();
+        let mut prices = crate::sample_prices();
         prices.remove("H200-SXM");
         let error = fleet(&FleetSpec {
             gpus: 8_000,

@@ -250,7 +250,7 @@ mod tests {
         fleet(&FleetSpec {
             gpus: 1_600,
             seed: 1,
-            prices: crate::fleet::tests::test_prices(),
+            prices: crate::sample_prices(),
         })
         .unwrap()
     }

@@ -14,7 +14,7 @@ pub use fleet::{
 };
 pub use jobs::{JobStream, UNCAPPED_PRICE};
 pub use picker::IndexPicker;
-pub use prices::{PRICE_STATS_FILE, PriceError, market_prices, parse_price_stats};
+pub use prices::{PRICE_STATS_FILE, PriceError, market_prices, parse_price_stats, sample_prices};
 
 /// Constants of the job mix, for callers that check or report it.
 pub mod job_mix {

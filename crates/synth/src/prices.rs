@@ -108,6 +108,22 @@ fn median_of_sorted(prices: &[Micros]) -> Micros {
     }
 }
 
+/// Round prices close to the trace's medians, for tests that must not need the trace.
+pub fn sample_prices() -> BTreeMap<String, Micros> {
+    [
+        ("A100-PCIe-80GB", 1_640_000),
+        ("A100-SXM4-80GB", 1_750_000),
+        ("B200", 5_690_000),
+        ("GH200", 1_490_000),
+        ("H100-PCIe", 2_100_000),
+        ("H100-SXM5", 2_400_000),
+        ("H200-SXM", 3_300_000),
+    ]
+    .into_iter()
+    .map(|(name, micros)| (name.to_string(), Micros(micros)))
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
