@@ -44,10 +44,6 @@ pub struct MatcherConfig {
     /// still competes, at up to this much over its effective ask (and the search stays bounded).
     pub data_penalty_max_permille: u64,
     pub latency_penalty_max_permille: u64,
-    /// Candidates taken per capacity level and node range; more for jobs with datasets or a
-    /// latency target, whose score depends on more than the static order.
-    pub candidates_per_level: usize,
-    pub candidates_per_level_rescored: usize,
     /// Grace period given to a preempted lease (SIGTERM, then kill).
     pub preemption_grace_s: u32,
     /// Round-trip milliseconds per kilometre (light in fibre, there and back, ≈ 1 ms per 100 km) plus a base.
@@ -66,8 +62,6 @@ impl Default for MatcherConfig {
             tier_mix_permille: 400,
             data_penalty_max_permille: 500,
             latency_penalty_max_permille: 1000,
-            candidates_per_level: 2,
-            candidates_per_level_rescored: 8,
             preemption_grace_s: 30,
             latency_ms_per_km: 0.01,
             latency_base_ms: 1.0,
@@ -83,8 +77,8 @@ pub struct Placement {
     pub tier: Tier,
     /// One lease per replica, in replica order; `price` is the clearing price per GPU-hour paid to that node.
     pub leases: Vec<Lease>,
-    /// The best losing alternative's effective ask per compute-unit-hour, if there was one
-    /// (the (k+1)-th price); `None` means pay-as-bid.
+    /// The runner-up's (the best losing alternative's) effective ask per compute-unit-hour, if
+    /// there was one: the (k+1)-th price. `None` means pay-as-bid.
     pub clearing_price_per_cu_hour: Option<Micros>,
     /// Bronze work placed in a gap before a reservation: preempted when the reservation starts.
     pub preempt_at: Option<Timestamp>,

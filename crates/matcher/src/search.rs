@@ -1,4 +1,4 @@
-//! Selection: single-replica jobs walk the capacity indexes for the best node per level;
+//! Selection: single-replica jobs run an exact best-first search over the capacity indexes;
 //! gangs gather every candidate, group them by the required topology domain and take the
 //! cheapest domain that holds all replicas. Both end in the uniform (k+1)-price auction.
 
