@@ -297,6 +297,20 @@ impl Matcher {
         self.jobs.len()
     }
 
+    /// What is free on a node now.
+    pub fn node_capacity(&self, node: NodeId) -> model::NodeCapacity {
+        let statics = &self.statics[node.index()];
+        let load = &self.loads[node.index()];
+        model::NodeCapacity {
+            cpu_milli_free: statics.cpu_milli - load.cpu_used,
+            memory_mib_free: statics.memory_mib - load.memory_used,
+            gpu_milli_free: load.gpu_used_milli[..statics.gpu_count as usize]
+                .iter()
+                .map(|used| GPU_MILLI_WHOLE - used)
+                .collect(),
+        }
+    }
+
     /// The live lease with this id.
     pub fn lease(&self, id: LeaseId) -> Option<&Lease> {
         self.slot_of(id).map(|slot| &self.leases[slot].lease)

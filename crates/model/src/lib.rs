@@ -16,7 +16,7 @@ pub use ids::{FabricId, JobId, LeaseId, NodeId, NvlinkDomainId, ProviderId, Regi
 pub use job::{ClientLocation, Dataset, GpuDemand, JobSpec, ReplicaResources, Tier, TopologyLevel, WorkloadClass};
 pub use lease::{Lease, LeaseState};
 pub use money::Micros;
-pub use node::{GPU_MILLI_WHOLE, GPUS_PER_NODE_MAX, Node};
+pub use node::{GPU_MILLI_WHOLE, GPUS_PER_NODE_MAX, Node, NodeCapacity};
 pub use policy::{AvailabilityWindow, ClassSet, PriceRule, ProviderPolicy, TierSet, daily_window};
 pub use time::Timestamp;
 pub use topology::{Topology, TopologyPath};

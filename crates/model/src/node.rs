@@ -36,3 +36,22 @@ impl Node {
         self.datasets.binary_search(&content_hash).is_ok()
     }
 }
+
+/// What is free on a node now: CPU, memory, and each GPU's free share in milli-GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeCapacity {
+    pub cpu_milli_free: u32,
+    pub memory_mib_free: u64,
+    /// One entry per GPU: 1000 = the whole GPU is free, 0 = fully used.
+    pub gpu_milli_free: Vec<u16>,
+}
+
+impl NodeCapacity {
+    /// GPUs with nothing on them.
+    pub fn whole_gpus_free(&self) -> usize {
+        self.gpu_milli_free
+            .iter()
+            .filter(|milli| **milli == GPU_MILLI_WHOLE)
+            .count()
+    }
+}
