@@ -27,8 +27,20 @@ impl Matcher {
             if node >= nodes {
                 return Err(format!("lease {} names node {} beyond the fleet", lease.id, lease.node));
             }
-            if !self.loads[node].leases.contains(&(slot as u32)) {
+            let Some(position) = self.loads[node].leases.iter().position(|entry| *entry == slot as u32) else {
                 return Err(format!("lease {} is not listed on node {}", lease.id, lease.node));
+            };
+            let work = self.loads[node].lease_work.get(position);
+            let expected = crate::state::LeaseWork {
+                start: lease.start,
+                checkpoint_interval_s: entry.checkpoint_interval_s,
+                gpu_milli_total: lease.gpu_milli_total(),
+            };
+            if work != Some(&expected) {
+                return Err(format!(
+                    "lease {}'s work record on node {} is {work:?}, not {expected:?}",
+                    lease.id, lease.node
+                ));
             }
             listed[node] += 1;
             for (gpu, used) in gpu_used[node].iter_mut().enumerate() {

@@ -8,7 +8,7 @@ use model::{JobId, JobSpec, Lease, LeaseId, NodeId, Tier, Timestamp};
 
 use crate::fit::{Fit, JobContext};
 use crate::search::light_copy;
-use crate::state::{Matcher, NodeLoad, apply_usage};
+use crate::state::{LeaseWork, Matcher, NodeLoad, apply_usage};
 use crate::{Placement, Unplaced};
 
 /// A lease to be preempted: SIGTERM now, kill after `grace_s`.
@@ -59,15 +59,12 @@ impl Matcher {
     /// GPU-seconds a lease loses if stopped now.
     fn lost_work(&self, slot: u32, now: Timestamp) -> u64 {
         let entry = &self.leases[slot as usize];
-        let lease = &entry.lease;
-        let checkpoint = entry.checkpoint_interval_s;
-        let ran = (now - lease.start).max(0) as u64;
-        let since_checkpoint = if checkpoint > 0 {
-            ran % u64::from(checkpoint)
-        } else {
-            ran
-        };
-        since_checkpoint * u64::from(lease.gpu_milli_total()) / 1000
+        LeaseWork {
+            start: entry.lease.start,
+            checkpoint_interval_s: entry.checkpoint_interval_s,
+            gpu_milli_total: entry.lease.gpu_milli_total(),
+        }
+        .lost_gpu_seconds(now)
     }
 
     /// The replica places a node offers to a job, evicting bronze leases (least lost work first)
@@ -86,12 +83,11 @@ impl Matcher {
         // Non-bronze work holds at least this many GPUs: if the rest cannot make a replica, skip.
         let held_by_others = load.other_milli.div_ceil(1000);
         let wanted = context.whole_gpus(statics).unwrap_or(0);
-        if (wanted > 0 && u32::from(statics.gpu_count) < held_by_others + u32::from(wanted))
-            || self.static_check(node, context).is_err()
-        {
+        if wanted > 0 && u32::from(statics.gpu_count) < held_by_others + u32::from(wanted) {
             return;
         }
-        // A replica that needs every GPU of a node holding only bronze: all of it goes, at once.
+        // A replica that needs every GPU of a node holding only bronze: all of it goes, at once
+        // (`fit_on` runs the static checks).
         if wanted == statics.gpu_count && limit >= 1 && load.other_milli == 0 && !load.leases.is_empty() {
             let empty = NodeLoad {
                 offline: load.offline,
@@ -99,7 +95,7 @@ impl Matcher {
                 ..NodeLoad::default()
             };
             if let Ok(fit) = self.fit_on(node, &empty, context) {
-                let lost = load.leases.iter().map(|slot| self.lost_work(*slot, now)).sum();
+                let lost = load.lease_work.iter().map(|work| work.lost_gpu_seconds(now)).sum();
                 out.push(Slot {
                     domain: self.domain_of(node, context.job.topology),
                     distance,
@@ -112,6 +108,9 @@ impl Matcher {
                     all_leases: true,
                 });
             }
+            return;
+        }
+        if self.static_check(node, context).is_err() {
             return;
         }
         let mut bronze: Vec<(u64, u32)> = load

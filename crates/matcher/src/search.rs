@@ -35,6 +35,7 @@ pub(crate) fn light_copy(load: &NodeLoad) -> NodeLoad {
         bronze_milli: load.bronze_milli,
         other_milli: load.other_milli,
         leases: Vec::new(),
+        lease_work: Vec::new(),
     }
 }
 
