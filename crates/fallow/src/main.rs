@@ -3,6 +3,8 @@
 mod cmd_bench;
 mod cmd_sim;
 
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -22,10 +24,18 @@ enum Command {
     Sim(cmd_sim::SimCommand),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    let result = match cli.command {
         Command::Bench(command) => cmd_bench::run(command),
         Command::Sim(command) => cmd_sim::run(command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // The chain of causes, in words; no backtrace for a user's mistake.
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
     }
 }
