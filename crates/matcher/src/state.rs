@@ -417,8 +417,22 @@ impl Matcher {
         if !extend && self.jobs.contains_key(&placement.job) {
             return Err(CommitError::AlreadyPlaced(placement.job));
         }
-        // Verify everything first, node by node, counting what earlier leases of the plan take there.
-        let mut by_node: Vec<usize> = (0..placement.leases.len()).collect();
+        // Verify everything first, node by node, counting what earlier leases of the plan take
+        // there. One lease (the common case) is checked in place, without a copy.
+        if let [lease] = placement.leases.as_slice() {
+            let node = lease.node.index();
+            if node >= self.nodes.len() {
+                return Err(CommitError::UnknownNode(lease.node));
+            }
+            if self.loads[node].offline || !usage_fits(&self.loads[node], &self.statics[node], lease) {
+                return Err(CommitError::Conflict(placement.job));
+            }
+        }
+        let mut by_node: Vec<usize> = if placement.leases.len() > 1 {
+            (0..placement.leases.len()).collect()
+        } else {
+            Vec::new()
+        };
         by_node.sort_unstable_by_key(|&position| (placement.leases[position].node, position));
         let mut scratch: Option<(usize, NodeLoad)> = None;
         for &position in &by_node {
@@ -583,21 +597,27 @@ impl Matcher {
 
 /// Adds (or with `add == false` removes) a lease's usage on a node. Returns false, changing
 /// nothing, when adding would exceed a capacity.
+/// Whether a lease's usage fits on a node's load now.
+pub(crate) fn usage_fits(load: &NodeLoad, statics: &NodeStatic, lease: &Lease) -> bool {
+    let gpus = statics.gpu_count as usize;
+    let cpu_ok = load
+        .cpu_used
+        .checked_add(lease.cpu_milli)
+        .is_some_and(|used| used <= statics.cpu_milli);
+    let memory_ok = load
+        .memory_used
+        .checked_add(lease.memory_mib)
+        .is_some_and(|used| used <= statics.memory_mib);
+    let gpus_ok = (0..GPUS_PER_NODE_MAX)
+        .filter(|gpu| lease.gpu_mask & (1 << gpu) != 0)
+        .all(|gpu| gpu < gpus && load.gpu_used_milli[gpu] + lease.gpu_milli <= GPU_MILLI_WHOLE);
+    cpu_ok && memory_ok && gpus_ok
+}
+
 pub(crate) fn apply_usage(load: &mut NodeLoad, statics: &NodeStatic, lease: &Lease, add: bool) -> bool {
     let gpus = statics.gpu_count as usize;
     if add {
-        let cpu_ok = load
-            .cpu_used
-            .checked_add(lease.cpu_milli)
-            .is_some_and(|used| used <= statics.cpu_milli);
-        let memory_ok = load
-            .memory_used
-            .checked_add(lease.memory_mib)
-            .is_some_and(|used| used <= statics.memory_mib);
-        let gpus_ok = (0..GPUS_PER_NODE_MAX)
-            .filter(|gpu| lease.gpu_mask & (1 << gpu) != 0)
-            .all(|gpu| gpu < gpus && load.gpu_used_milli[gpu] + lease.gpu_milli <= GPU_MILLI_WHOLE);
-        if !(cpu_ok && memory_ok && gpus_ok) {
+        if !usage_fits(load, statics, lease) {
             return false;
         }
         load.cpu_used += lease.cpu_milli;

@@ -360,3 +360,17 @@ fn bad_jobs_are_refused_with_a_reason() {
     let spec = job(3, Tier::Silver, whole(17), "5");
     assert!(matches!(m.plan(&spec, NOW), Err(Unplaced::InvalidJob { .. })));
 }
+
+#[test]
+fn a_stale_plan_is_refused_at_commit() {
+    let mut m = matcher(vec![node("eu", "H100", 1, "2.00", 0.99)]);
+    let first = m.plan(&job(1, Tier::Silver, whole(1), "5"), NOW).unwrap();
+    let second = m.plan(&job(2, Tier::Silver, whole(1), "5"), NOW).unwrap();
+    m.commit(&first).unwrap();
+    assert_eq!(m.commit(&second), Err(matcher::CommitError::Conflict(model::JobId(2))));
+    assert_eq!(
+        m.commit(&first),
+        Err(matcher::CommitError::AlreadyPlaced(model::JobId(1)))
+    );
+    m.consistency_check().unwrap();
+}
