@@ -125,12 +125,8 @@ impl Matcher {
             }
         }
         for (name, order) in [
-            ("gold by_model", &self.index[0].by_model),
-            ("gold by_region_model", &self.index[0].by_region_model),
-            ("silver by_model", &self.index[1].by_model),
-            ("silver by_region_model", &self.index[1].by_region_model),
-            ("bronze by_model", &self.index[2].by_model),
-            ("bronze by_region_model", &self.index[2].by_region_model),
+            ("by_model", &self.index.by_model),
+            ("by_region_model", &self.index.by_region_model),
         ] {
             self.check_order(name, order)?;
         }

@@ -28,7 +28,7 @@ pub(crate) type Levels = (u8, u8, u8);
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RankEntry {
     pub key: u64,
-    pub ask_floor: i64,
+    pub ask_floor: [i64; 3],
     pub node: u32,
     pub reliability_ppm: u32,
 }
@@ -57,7 +57,7 @@ pub(crate) struct Order {
 }
 
 impl Order {
-    fn build(statics: &[NodeStatic], loads: &[NodeLoad], tier: usize, sort_key: impl Fn(usize) -> (u64, u64)) -> Order {
+    fn build(statics: &[NodeStatic], loads: &[NodeLoad], sort_key: impl Fn(usize) -> (u64, u64)) -> Order {
         let mut nodes: Vec<u32> = (0..statics.len() as u32).collect();
         nodes.sort_by_key(|&node| (sort_key(node as usize), node));
         let mut ranks = vec![0u32; statics.len()];
@@ -68,7 +68,7 @@ impl Order {
             .iter()
             .map(|&node| RankEntry {
                 key: sort_key(node as usize).1,
-                ask_floor: ask_floor(&statics[node as usize], tier),
+                ask_floor: [0, 1, 2].map(|tier| ask_floor(&statics[node as usize], tier)),
                 node,
                 reliability_ppm: statics[node as usize].reliability_ppm,
             })
@@ -209,14 +209,14 @@ pub(crate) struct Index {
 }
 
 impl Index {
-    pub fn build(statics: &[NodeStatic], loads: &[NodeLoad], regions: usize, tier: usize) -> Index {
-        let by_model = Order::build(statics, loads, tier, |node| {
-            (u64::from(statics[node].model), statics[node].keys[tier])
+    pub fn build(statics: &[NodeStatic], loads: &[NodeLoad], regions: usize) -> Index {
+        let by_model = Order::build(statics, loads, |node| {
+            (u64::from(statics[node].model), statics[node].reference_key)
         });
-        let by_region_model = Order::build(statics, loads, tier, |node| {
+        let by_region_model = Order::build(statics, loads, |node| {
             (
                 (u64::from(statics[node].region) << 16) | u64::from(statics[node].model),
-                statics[node].keys[tier],
+                statics[node].reference_key,
             )
         });
         let model_ranges = ranges(&by_model.nodes, statics, |node| statics[node].model as usize);

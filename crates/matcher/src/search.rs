@@ -90,19 +90,19 @@ impl Matcher {
         let max_price = context.job.max_price.0;
         let by_region: Box<dyn Iterator<Item = (&Order, &RangeInfo)>> = if context.job.regions.is_empty() {
             Box::new(
-                self.index[tier]
+                self.index
                     .model_ranges
                     .iter()
-                    .map(move |range| (&self.index[tier].by_model, range)),
+                    .map(move |range| (&self.index.by_model, range)),
             )
         } else {
             Box::new(context.job.regions.iter().flat_map(move |region| {
-                self.index[tier]
+                self.index
                     .region_ranges
                     .get(region.index())
                     .into_iter()
                     .flatten()
-                    .map(move |range| (&self.index[tier].by_region_model, range))
+                    .map(move |range| (&self.index.by_region_model, range))
             }))
         };
         by_region.filter(move |(_, range)| context.model_allowed(range.model) && range.ask_min[tier] <= max_price)
@@ -250,8 +250,8 @@ impl Matcher {
 
     /// A lower bound on a node's score for a tier, at any time, with a lane's least penalty;
     /// monotone along the lane's order.
-    fn bound(&self, key: u64, penalty_permille: u64) -> u64 {
-        let effective = key / 1000 * u64::from(self.ask_floor_permille_min);
+    fn bound(&self, key: u64, tier: usize, penalty_permille: u64) -> u64 {
+        let effective = key / 1000 * self.tier_ratio_permille[tier];
         effective.saturating_add(effective.saturating_mul(penalty_permille) / 1000)
     }
 
@@ -274,12 +274,13 @@ impl Matcher {
         const RANGE: u32 = 1 << 31;
         let max_price = context.job.max_price.0;
         let reliability_min = context.job.reliability_min_ppm;
+        let tier = context.tier as usize;
         let mut cursors: Vec<Cursor> = Vec::with_capacity(32);
         let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::with_capacity(32);
         let ranges: Vec<(&Order, &RangeInfo)> = self.ranges_for(context).collect();
         for (position, (order, range)) in ranges.iter().enumerate() {
             heap.push(Reverse((
-                self.bound(order.entries[range.ranks.start as usize].key, 0),
+                self.bound(order.entries[range.ranks.start as usize].key, tier, 0),
                 RANGE | position as u32,
             )));
         }
@@ -294,7 +295,7 @@ impl Matcher {
                 let end = range.ranks.end as usize;
                 self.lanes(order, range, context, |set, rank, penalty| {
                     heap.push(Reverse((
-                        self.bound(order.entries[rank].key, penalty),
+                        self.bound(order.entries[rank].key, tier, penalty),
                         cursors.len() as u32,
                     )));
                     cursors.push(Cursor {
@@ -314,7 +315,7 @@ impl Matcher {
             let mut rank = cursor.rank;
             let mut skipped = false;
             let passes = |entry: &crate::index::RankEntry| {
-                entry.ask_floor <= max_price && entry.reliability_ppm >= reliability_min
+                entry.ask_floor[tier] <= max_price && entry.reliability_ppm >= reliability_min
             };
             while !passes(&order.entries[rank]) {
                 skipped = true;
@@ -331,13 +332,19 @@ impl Matcher {
             }
             if skipped {
                 cursor.rank = rank;
-                heap.push(Reverse((self.bound(order.entries[rank].key, cursor.penalty), index)));
+                heap.push(Reverse((
+                    self.bound(order.entries[rank].key, tier, cursor.penalty),
+                    index,
+                )));
                 continue;
             }
             let node = order.entries[rank].node as usize;
             if let Some(next) = cursor.set.next_at_or_after(rank + 1).filter(|next| *next < cursor.end) {
                 cursor.rank = next;
-                heap.push(Reverse((self.bound(order.entries[next].key, cursor.penalty), index)));
+                heap.push(Reverse((
+                    self.bound(order.entries[next].key, tier, cursor.penalty),
+                    index,
+                )));
             }
             let Ok(fit) = self.fit_on(node, &self.loads[node], context) else {
                 continue;

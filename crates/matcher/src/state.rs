@@ -39,9 +39,11 @@ pub(crate) struct NodeStatic {
     pub reliability_ppm: u32,
     /// Base asks per tier in micro-dollars per GPU-hour; `i64::MAX` where the tier is not sold.
     pub asks: [i64; 3],
-    /// The order keys: each tier's base ask as an effective ask per compute-unit-hour
-    /// (`u64::MAX` where the tier is not sold).
-    pub keys: [u64; 3],
+    /// The key the index orders by: the effective ask of the silver ask (or, where silver is
+    /// not sold, the lowest ask sold). Tier bounds scale it by `Matcher::tier_ratio_permille`.
+    pub reference_key: u64,
+    /// The ask behind `reference_key`.
+    pub reference_ask: i64,
 }
 
 /// What is in use on a node now.
@@ -169,8 +171,10 @@ pub struct Matcher {
     pub(crate) nodes: Vec<Node>,
     pub(crate) statics: Vec<NodeStatic>,
     pub(crate) loads: Vec<NodeLoad>,
-    /// One index per tier, each ordered by that tier's effective ask.
-    pub(crate) index: [Index; 3],
+    /// The capacity index, ordered by each node's reference effective ask.
+    pub(crate) index: Index,
+    /// Scales a reference key into a lower bound of a tier's effective ask (thousandths).
+    pub(crate) tier_ratio_permille: [u64; 3],
     pub(crate) leases: Vec<LeaseSlot>,
     pub(crate) free_slots: Vec<u32>,
     pub(crate) jobs: FixedMap<JobId, JobRecord>,
@@ -178,8 +182,6 @@ pub struct Matcher {
     pub(crate) next_epoch: u64,
     pub(crate) gpu_milli_total: u64,
     pub(crate) gpu_milli_used: u64,
-    /// The lowest price-schedule multiplier of any node (≤ 1000), for lower bounds on asks.
-    pub(crate) ask_floor_permille_min: u32,
     /// Nodes with availability windows, and the minute the matcher last opened or closed them.
     pub(crate) windowed: Vec<u32>,
     /// Nodes with time-of-day price rules.
@@ -217,6 +219,19 @@ impl Matcher {
             );
             let spec = catalog.spec(node.gpu_model);
             let weight = reliability_weight_ppm(node.reliability_ppm, config.reliability_alpha);
+            let sold =
+                |tier: Tier| node.policy.allowed_tiers.contains(tier) && node.policy.asks[tier as usize].is_some();
+            let reference_ask = if sold(Tier::Silver) {
+                node.policy.asks[Tier::Silver as usize].map_or(i64::MAX, |ask| ask.0)
+            } else {
+                Tier::ALL
+                    .iter()
+                    .filter(|tier| sold(**tier))
+                    .filter_map(|tier| node.policy.asks[*tier as usize])
+                    .map(|ask| ask.0)
+                    .min()
+                    .unwrap_or(i64::MAX)
+            };
             let asks = node.policy.asks.map(|ask| ask.map_or(i64::MAX, |micros| micros.0));
             statics.push(NodeStatic {
                 region: node.path.region.0,
@@ -249,13 +264,8 @@ impl Matcher {
                 reliability_weight_ppm: weight,
                 reliability_ppm: node.reliability_ppm,
                 asks,
-                keys: Tier::ALL.map(|tier| {
-                    if node.policy.allowed_tiers.contains(tier) {
-                        effective_ask(asks[tier as usize], spec.cu_milli, weight)
-                    } else {
-                        u64::MAX
-                    }
-                }),
+                reference_key: effective_ask(reference_ask, spec.cu_milli, weight),
+                reference_ask,
             });
             let mut load = NodeLoad::default();
             (load.whole_free, load.share_bucket) = load.levels(node.gpu_count);
@@ -274,7 +284,18 @@ impl Matcher {
             .collect();
         let ask_floor_permille_min = statics.iter().map(|node| node.ask_floor_permille).min().unwrap_or(1000);
         let regions = topology.regions.len().max(1);
-        let index = Tier::ALL.map(|tier| Index::build(&statics, &loads, regions, tier as usize));
+        let index = Index::build(&statics, &loads, regions);
+        // Per tier, the lowest ratio of a node's ask for the tier to its reference ask, and the
+        // lowest price-rule multiplier: reference key × both bounds any node's effective ask.
+        let tier_ratio_permille = [0usize, 1, 2].map(|tier| {
+            let ratio = statics
+                .iter()
+                .filter(|node| node.tiers & (1 << tier) != 0 && node.asks[tier] != i64::MAX && node.reference_ask > 0)
+                .map(|node| (i128::from(node.asks[tier]) * 1000 / i128::from(node.reference_ask)).max(0) as u64)
+                .min()
+                .unwrap_or(1000);
+            ratio * u64::from(ask_floor_permille_min) / 1000
+        });
         let reservations = Reservations::new(nodes.len());
         Matcher {
             config,
@@ -290,7 +311,7 @@ impl Matcher {
             next_epoch: 1,
             gpu_milli_total,
             gpu_milli_used: 0,
-            ask_floor_permille_min,
+            tier_ratio_permille,
             windowed,
             priced,
             clock_minute: None,
@@ -586,9 +607,7 @@ impl Matcher {
         let new = (whole, bucket, load.current_tier_class());
         let old = (load.whole_free, load.share_bucket, load.tier_class);
         if new != old {
-            for index in &mut self.index {
-                index.move_node(node, old, new);
-            }
+            self.index.move_node(node, old, new);
             let load = &mut self.loads[node];
             (load.whole_free, load.share_bucket, load.tier_class) = new;
         }

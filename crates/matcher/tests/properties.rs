@@ -57,6 +57,18 @@ fn fleet_specs(seed: &[(u8, u8, u8)]) -> Vec<NodeSpec> {
         .collect()
 }
 
+/// A fleet whose tier asks are not proportional: gold 1.0–1.45× the silver ask, bronze
+/// 0.35–0.8×, varying by node, so the search's per-tier bounds are exercised.
+fn market(seed: &[(u8, u8, u8)]) -> Matcher {
+    let (topology, mut nodes) = fleet(fleet_specs(seed));
+    for (index, node) in nodes.iter_mut().enumerate() {
+        let silver = node.policy.asks[1].expect("flat policy");
+        node.policy.asks[0] = silver.scale(1000 + 50 * (index as u64 % 10), 1000);
+        node.policy.asks[2] = silver.scale(350 + 50 * (index as u64 * 7 % 10), 1000);
+    }
+    Matcher::new(topology, nodes, Default::default())
+}
+
 fn arrival(id: u64, tier: u8, gpu: u8, replicas: u8, level: u8, price_cents: u16) -> JobSpec {
     let tier = [Tier::Gold, Tier::Silver, Tier::Bronze][tier as usize];
     let demand = match gpu {
@@ -194,9 +206,9 @@ proptest! {
         nodes in prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>()), 1..24),
         ops in prop::collection::vec(op(), 1..80),
     ) {
-        let mut first = matcher(fleet_specs(&nodes));
+        let mut first = market(&nodes);
         let trace = run(&mut first, &ops)?;
-        let mut second = matcher(fleet_specs(&nodes));
+        let mut second = market(&nodes);
         let again = run(&mut second, &ops)?;
         prop_assert_eq!(trace, again);
     }
