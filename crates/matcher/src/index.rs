@@ -28,7 +28,8 @@ pub(crate) type Levels = (u8, u8, u8);
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RankEntry {
     pub key: u64,
-    pub ask_floor: [i64; 3],
+    /// The reference ask: a tier's ask is at least this × the tier's ratio bound.
+    pub reference_ask: i64,
     pub node: u32,
     pub reliability_ppm: u32,
 }
@@ -68,7 +69,7 @@ impl Order {
             .iter()
             .map(|&node| RankEntry {
                 key: sort_key(node as usize).1,
-                ask_floor: [0, 1, 2].map(|tier| ask_floor(&statics[node as usize], tier)),
+                reference_ask: statics[node as usize].reference_ask,
                 node,
                 reliability_ppm: statics[node as usize].reliability_ppm,
             })

@@ -275,6 +275,9 @@ impl Matcher {
         let max_price = context.job.max_price.0;
         let reliability_min = context.job.reliability_min_ppm;
         let tier = context.tier as usize;
+        // A node whose reference ask is above this cannot meet the price cap in this tier.
+        let ratio = self.tier_ratio_permille[tier].max(1);
+        let reference_ask_max = i64::try_from(i128::from(max_price) * 1000 / i128::from(ratio)).unwrap_or(i64::MAX);
         let mut cursors: Vec<Cursor> = Vec::with_capacity(32);
         let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::with_capacity(32);
         let ranges: Vec<(&Order, &RangeInfo)> = self.ranges_for(context).collect();
@@ -315,7 +318,7 @@ impl Matcher {
             let mut rank = cursor.rank;
             let mut skipped = false;
             let passes = |entry: &crate::index::RankEntry| {
-                entry.ask_floor[tier] <= max_price && entry.reliability_ppm >= reliability_min
+                entry.reference_ask <= reference_ask_max && entry.reliability_ppm >= reliability_min
             };
             while !passes(&order.entries[rank]) {
                 skipped = true;
