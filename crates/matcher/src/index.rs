@@ -22,6 +22,19 @@ pub(crate) const TIER_CLASSES: usize = 4;
 /// A node's place in the sets: (whole GPUs free, share bucket, tier class).
 pub(crate) type Levels = (u8, u8, u8);
 
+/// The first member of a set in a range, with its key, so that opening a lane touches
+/// neither the bitmap nor the rank entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct First {
+    pub rank: u32,
+    pub key: u64,
+}
+
+const NO_FIRST: First = First {
+    rank: u32::MAX,
+    key: u64::MAX,
+};
+
 /// A node as the search first sees it: its effective-ask key (the bound), a lower bound of its
 /// ask for the order's tier at any time, and its reliability, so that nodes over the price cap
 /// or under the reliability floor are skipped without touching the node.
@@ -53,8 +66,8 @@ pub(crate) struct Order {
     range_starts: Vec<u32>,
     /// `whole_firsts[slot][range]`: the first member of `whole[slot]` in the range, kept on
     /// every change so that opening a lane costs no bitmap search (`u32::MAX` = none).
-    whole_firsts: Vec<Vec<u32>>,
-    share_firsts: Vec<Vec<u32>>,
+    whole_firsts: Vec<Vec<First>>,
+    share_firsts: Vec<Vec<First>>,
 }
 
 impl Order {
@@ -98,8 +111,8 @@ impl Order {
             ranks,
             range_of_rank,
             range_starts,
-            whole_firsts: vec![vec![u32::MAX; ranges]; WHOLE_LEVELS * TIER_CLASSES],
-            share_firsts: vec![vec![u32::MAX; ranges]; SHARE_BUCKETS * TIER_CLASSES],
+            whole_firsts: vec![vec![NO_FIRST; ranges]; WHOLE_LEVELS * TIER_CLASSES],
+            share_firsts: vec![vec![NO_FIRST; ranges]; SHARE_BUCKETS * TIER_CLASSES],
         };
         for (node, load) in loads.iter().enumerate() {
             order.set(node, (load.whole_free, load.share_bucket, load.tier_class), true);
@@ -125,26 +138,33 @@ impl Order {
             let slot = level * TIER_CLASSES + class;
             let set = &mut sets[slot];
             let first = &mut firsts[slot][range];
+            let entries = &self.entries;
+            let at = |rank: usize| First {
+                rank: rank as u32,
+                key: entries[rank].key,
+            };
             if present {
                 set.insert(rank);
-                *first = (*first).min(rank as u32);
+                if (rank as u32) < first.rank {
+                    *first = at(rank);
+                }
             } else {
                 set.remove(rank);
-                if *first == rank as u32 {
+                if first.rank == rank as u32 {
                     *first = set
                         .next_at_or_after(rank + 1)
                         .filter(|next| *next < range_end)
-                        .map_or(u32::MAX, |next| next as u32);
+                        .map_or(NO_FIRST, at);
                 }
             }
         }
     }
 
     /// The first member of a set in a range, from the kept table. `share` picks the share sets.
-    pub fn first_in_range(&self, share: bool, slot: usize, range: u16) -> Option<usize> {
+    pub fn first_in_range(&self, share: bool, slot: usize, range: u16) -> Option<First> {
         let firsts = if share { &self.share_firsts } else { &self.whole_firsts };
         let first = firsts[slot][range as usize];
-        (first != u32::MAX).then_some(first as usize)
+        (first.rank != u32::MAX).then_some(first)
     }
 
     /// Checks the kept first-member tables against the sets (for `consistency_check`).
@@ -160,10 +180,11 @@ impl Order {
                         .get(range + 1)
                         .map_or(self.nodes.len(), |next| *next as usize);
                     let expected = set.next_at_or_after(start as usize).filter(|rank| *rank < end);
-                    let kept = (firsts[slot][range] != u32::MAX).then_some(firsts[slot][range] as usize);
-                    if kept != expected {
+                    let kept = firsts[slot][range];
+                    let kept_rank = (kept.rank != u32::MAX).then_some(kept.rank as usize);
+                    if kept_rank != expected || kept_rank.is_some_and(|rank| self.entries[rank].key != kept.key) {
                         return Err(format!(
-                            "first of {} set {slot} in range {range} is {kept:?}, not {expected:?}",
+                            "first of {} set {slot} in range {range} is {kept_rank:?}, not {expected:?}",
                             if share { "share" } else { "whole" }
                         ));
                     }

@@ -183,7 +183,7 @@ impl Matcher {
         order: &'a Order,
         range: &RangeInfo,
         context: &JobContext,
-        mut lane: impl FnMut(&'a RankSet, usize, u64),
+        mut lane: impl FnMut(&'a RankSet, crate::index::First, u64),
     ) {
         let config = &self.config;
         let top = (range.gpu_count_max as usize).min(WHOLE_LEVELS - 1);
@@ -296,11 +296,9 @@ impl Matcher {
             if index & RANGE != 0 {
                 let (order, range) = ranges[(index & !RANGE) as usize];
                 let end = range.ranks.end as usize;
-                self.lanes(order, range, context, |set, rank, penalty| {
-                    heap.push(Reverse((
-                        self.bound(order.entries[rank].key, tier, penalty),
-                        cursors.len() as u32,
-                    )));
+                self.lanes(order, range, context, |set, first, penalty| {
+                    let rank = first.rank as usize;
+                    heap.push(Reverse((self.bound(first.key, tier, penalty), cursors.len() as u32)));
                     cursors.push(Cursor {
                         set,
                         order,
