@@ -64,10 +64,10 @@ pub(crate) struct Order {
     /// and each range's first rank.
     range_of_rank: Vec<u16>,
     range_starts: Vec<u32>,
-    /// `whole_firsts[slot][range]`: the first member of `whole[slot]` in the range, kept on
+    /// `whole_firsts[range × slots + slot]`: the first member of `whole[slot]` in the range, kept on
     /// every change so that opening a lane costs no bitmap search (`u32::MAX` = none).
-    whole_firsts: Vec<Vec<First>>,
-    share_firsts: Vec<Vec<First>>,
+    whole_firsts: Vec<First>,
+    share_firsts: Vec<First>,
 }
 
 impl Order {
@@ -111,8 +111,8 @@ impl Order {
             ranks,
             range_of_rank,
             range_starts,
-            whole_firsts: vec![vec![NO_FIRST; ranges]; WHOLE_LEVELS * TIER_CLASSES],
-            share_firsts: vec![vec![NO_FIRST; ranges]; SHARE_BUCKETS * TIER_CLASSES],
+            whole_firsts: vec![NO_FIRST; ranges * WHOLE_LEVELS * TIER_CLASSES],
+            share_firsts: vec![NO_FIRST; ranges * SHARE_BUCKETS * TIER_CLASSES],
         };
         for (node, load) in loads.iter().enumerate() {
             order.set(node, (load.whole_free, load.share_bucket, load.tier_class), true);
@@ -128,16 +128,26 @@ impl Order {
             .range_starts
             .get(range + 1)
             .map_or(self.nodes.len(), |start| *start as usize);
-        for (level, sets, firsts) in [
-            (whole as usize, &mut self.whole, &mut self.whole_firsts),
-            (bucket as usize, &mut self.share, &mut self.share_firsts),
+        for (level, sets, firsts, slots) in [
+            (
+                whole as usize,
+                &mut self.whole,
+                &mut self.whole_firsts,
+                WHOLE_LEVELS * TIER_CLASSES,
+            ),
+            (
+                bucket as usize,
+                &mut self.share,
+                &mut self.share_firsts,
+                SHARE_BUCKETS * TIER_CLASSES,
+            ),
         ] {
             if level == 0 {
                 continue;
             }
             let slot = level * TIER_CLASSES + class;
             let set = &mut sets[slot];
-            let first = &mut firsts[slot][range];
+            let first = &mut firsts[range * slots + slot];
             let entries = &self.entries;
             let at = |rank: usize| First {
                 rank: rank as u32,
@@ -162,8 +172,12 @@ impl Order {
 
     /// The first member of a set in a range, from the kept table. `share` picks the share sets.
     pub fn first_in_range(&self, share: bool, slot: usize, range: u16) -> Option<First> {
-        let firsts = if share { &self.share_firsts } else { &self.whole_firsts };
-        let first = firsts[slot][range as usize];
+        let (firsts, slots) = if share {
+            (&self.share_firsts, SHARE_BUCKETS * TIER_CLASSES)
+        } else {
+            (&self.whole_firsts, WHOLE_LEVELS * TIER_CLASSES)
+        };
+        let first = firsts[range as usize * slots + slot];
         (first.rank != u32::MAX).then_some(first)
     }
 
@@ -180,7 +194,7 @@ impl Order {
                         .get(range + 1)
                         .map_or(self.nodes.len(), |next| *next as usize);
                     let expected = set.next_at_or_after(start as usize).filter(|rank| *rank < end);
-                    let kept = firsts[slot][range];
+                    let kept = firsts[range * sets.len() + slot];
                     let kept_rank = (kept.rank != u32::MAX).then_some(kept.rank as usize);
                     if kept_rank != expected || kept_rank.is_some_and(|rank| self.entries[rank].key != kept.key) {
                         return Err(format!(
