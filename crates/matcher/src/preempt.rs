@@ -191,11 +191,11 @@ impl Matcher {
         for node in 0..self.nodes.len() {
             self.node_slots(node, &context, job.replicas, now, &mut slots, 0);
         }
-        let chosen = choose_domain(&slots, job.replicas).ok_or(Unplaced::NoDomainFits {
+        let chosen = choose_domain(&slots, job.replicas).map_err(|best| Unplaced::NoDomainFits {
             job: job.id,
             level: job.topology.name(),
             replicas: job.replicas,
-            best: 0,
+            best,
         })?;
         // A node's later slots are valid only with its earlier ones: take each chosen node's first slots.
         let mut chosen_nodes: Vec<u32> = chosen.iter().map(|position| slots[*position].node).collect();
@@ -367,8 +367,9 @@ impl Matcher {
 }
 
 /// Picks the domain whose cheapest `replicas` slots lose the least work (then cost less) and
-/// returns those slots' positions. Sorts small keys, not the slots.
-fn choose_domain(slots: &[Slot], replicas: u32) -> Option<Vec<usize>> {
+/// returns those slots' positions; or, if no domain holds them all, the most one holds. Sorts
+/// small keys, not the slots.
+fn choose_domain(slots: &[Slot], replicas: u32) -> Result<Vec<usize>, u32> {
     let mut keys: Vec<(u64, u64, u64, u32, u32)> = slots
         .iter()
         .enumerate()
@@ -385,10 +386,12 @@ fn choose_domain(slots: &[Slot], replicas: u32) -> Option<Vec<usize>> {
     keys.sort_unstable();
     let replicas = replicas as usize;
     let mut best: Option<((u128, u128, u64), usize)> = None;
+    let mut most_held = 0usize;
     let mut start = 0;
     while start < keys.len() {
         let domain = keys[start].0;
         let end = start + keys[start..].iter().take_while(|key| key.0 == domain).count();
+        most_held = most_held.max(end - start);
         if end - start >= replicas {
             let taken = &keys[start..start + replicas];
             let lost: u128 = taken.iter().map(|key| u128::from(key.1)).sum();
@@ -399,5 +402,8 @@ fn choose_domain(slots: &[Slot], replicas: u32) -> Option<Vec<usize>> {
         }
         start = end;
     }
-    best.map(|(_, start)| keys[start..start + replicas].iter().map(|key| key.4 as usize).collect())
+    match best {
+        Some((_, start)) => Ok(keys[start..start + replicas].iter().map(|key| key.4 as usize).collect()),
+        None => Err(u32::try_from(most_held).unwrap_or(u32::MAX)),
+    }
 }

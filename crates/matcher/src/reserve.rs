@@ -148,10 +148,12 @@ impl Matcher {
         slots.sort_unstable();
         let replicas = job.replicas as usize;
         let mut best: Option<(Timestamp, u64, usize, usize)> = None;
+        let mut most_held = 0usize;
         let mut start = 0;
         while start < slots.len() {
             let domain = slots[start].0;
             let end = start + slots[start..].iter().take_while(|slot| slot.0 == domain).count();
+            most_held = most_held.max(end - start);
             if end - start >= replicas {
                 let time = slots[start + replicas - 1].1;
                 if best.is_none_or(|(best_time, best_domain, _, _)| (time, domain) < (best_time, best_domain)) {
@@ -165,7 +167,7 @@ impl Matcher {
                 job: job.id,
                 level: job.topology.name(),
                 replicas: job.replicas,
-                best: 0,
+                best: u32::try_from(most_held).unwrap_or(u32::MAX),
             });
         };
         let wanted_of = |node: usize| context.whole_gpus(&self.statics[node]).unwrap_or(0);

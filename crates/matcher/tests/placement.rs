@@ -374,3 +374,32 @@ fn a_stale_plan_is_refused_at_commit() {
     );
     m.consistency_check().unwrap();
 }
+
+#[test]
+fn a_gang_that_cannot_preempt_enough_says_how_close_it_came() {
+    let specs = (0..4)
+        .map(|index| node("eu", "H100", 8, "2.00", 0.99).fabric(index / 2))
+        .collect();
+    let mut m = matcher(specs);
+    // Fill every node: silver on node 0, bronze elsewhere.
+    m.place(&job(1, Tier::Silver, whole(8), "5"), NOW).unwrap();
+    for id in 2..5 {
+        m.place(&job(id, Tier::Bronze, whole(8), "5"), NOW).unwrap();
+    }
+    // Fabric 0 can free one node (node 1), fabric 1 two: a gang of three fits in neither.
+    let spec = gang(9, Tier::Gold, 3, 8, TopologyLevel::Fabric);
+    assert_eq!(
+        m.plan_preemption(&spec, NOW).unwrap_err(),
+        Unplaced::NoDomainFits {
+            job: spec.id,
+            level: "fabric",
+            replicas: 3,
+            best: 2
+        }
+    );
+    let plan = m
+        .plan_preemption(&gang(10, Tier::Gold, 2, 8, TopologyLevel::Fabric), NOW)
+        .unwrap();
+    assert_eq!(plan.victims.len(), 2);
+    assert!(plan.victims.iter().all(|victim| victim.tier == Tier::Bronze));
+}
