@@ -68,18 +68,11 @@ impl Matcher {
         }
         let best_domain_replicas = (job.replicas > 1).then(|| {
             per_domain.sort_unstable();
-            let mut best = 0u32;
-            let mut index = 0;
-            while index < per_domain.len() {
-                let domain = per_domain[index].0;
-                let mut sum = 0u32;
-                while index < per_domain.len() && per_domain[index].0 == domain {
-                    sum = sum.saturating_add(per_domain[index].1);
-                    index += 1;
-                }
-                best = best.max(sum);
-            }
-            best
+            per_domain
+                .chunk_by(|a, b| a.0 == b.0)
+                .map(|group| group.iter().fold(0u32, |sum, (_, held)| sum.saturating_add(*held)))
+                .max()
+                .unwrap_or(0)
         });
         let excluded: Vec<(Reason, u64)> = Reason::ALL
             .iter()

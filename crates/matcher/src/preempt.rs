@@ -388,19 +388,18 @@ fn choose_domain(slots: &[Slot], replicas: u32) -> Result<Vec<usize>, u32> {
     let mut best: Option<((u128, u128, u64), usize)> = None;
     let mut most_held = 0usize;
     let mut start = 0;
-    while start < keys.len() {
-        let domain = keys[start].0;
-        let end = start + keys[start..].iter().take_while(|key| key.0 == domain).count();
-        most_held = most_held.max(end - start);
-        if end - start >= replicas {
-            let taken = &keys[start..start + replicas];
+    for group in keys.chunk_by(|a, b| a.0 == b.0) {
+        let domain = group[0].0;
+        most_held = most_held.max(group.len());
+        if group.len() >= replicas {
+            let taken = &group[..replicas];
             let lost: u128 = taken.iter().map(|key| u128::from(key.1)).sum();
             let score: u128 = taken.iter().map(|key| u128::from(key.2)).sum();
             if best.is_none_or(|(best_key, _)| (lost, score, domain) < best_key) {
                 best = Some(((lost, score, domain), start));
             }
         }
-        start = end;
+        start += group.len();
     }
     match best {
         Some((_, start)) => Ok(keys[start..start + replicas].iter().map(|key| key.4 as usize).collect()),

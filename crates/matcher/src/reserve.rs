@@ -147,22 +147,21 @@ impl Matcher {
         }
         slots.sort_unstable();
         let replicas = job.replicas as usize;
-        let mut best: Option<(Timestamp, u64, usize, usize)> = None;
+        let mut best: Option<(Timestamp, u64, usize)> = None;
         let mut most_held = 0usize;
         let mut start = 0;
-        while start < slots.len() {
-            let domain = slots[start].0;
-            let end = start + slots[start..].iter().take_while(|slot| slot.0 == domain).count();
-            most_held = most_held.max(end - start);
-            if end - start >= replicas {
-                let time = slots[start + replicas - 1].1;
-                if best.is_none_or(|(best_time, best_domain, _, _)| (time, domain) < (best_time, best_domain)) {
-                    best = Some((time, domain, start, end));
+        for group in slots.chunk_by(|a, b| a.0 == b.0) {
+            let domain = group[0].0;
+            most_held = most_held.max(group.len());
+            if group.len() >= replicas {
+                let time = group[replicas - 1].1;
+                if best.is_none_or(|(best_time, best_domain, _)| (time, domain) < (best_time, best_domain)) {
+                    best = Some((time, domain, start));
                 }
             }
-            start = end;
+            start += group.len();
         }
-        let Some((time, _, start, _)) = best else {
+        let Some((time, _, start)) = best else {
             return Err(Unplaced::NoDomainFits {
                 job: job.id,
                 level: job.topology.name(),
