@@ -1,0 +1,373 @@
+//! Jobs and leases: submission (idempotent, batched), placement commits that move a job and
+//! insert its leases in one transaction, lease state changes fenced by epoch, and the loss of a
+//! silent node's leases (epoch bumped, job requeued).
+
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use crate::accounts::is_unique_violation;
+use crate::{JobRecord, JobState, LeaseRecord, LeaseState, NewJob, NewLease, Result, Store, StoreError};
+
+const JOB_COLUMNS: &str = "id, tenant_id, client_token, spec, tier, state, state_reason, submitted_at, updated_at";
+const LEASE_COLUMNS: &str = "id, job_id, replica, node_id, gpu_mask, gpu_milli, cpu_milli, memory_mib, epoch, \
+    price_micros, state, tier, gpu_model, region, created_at, expected_end, preempt_at, ended_at, end_reason";
+
+fn job_from(row: &AnyRow) -> Result<JobRecord> {
+    Ok(JobRecord {
+        id: row.try_get("id")?,
+        tenant_id: row.try_get("tenant_id")?,
+        client_token: row.try_get("client_token")?,
+        spec: row.try_get("spec")?,
+        tier: row.try_get("tier")?,
+        state: JobState::decode(row.try_get::<&str, _>("state")?)?,
+        state_reason: row.try_get("state_reason")?,
+        submitted_at: row.try_get("submitted_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+fn lease_from(row: &AnyRow) -> Result<LeaseRecord> {
+    Ok(LeaseRecord {
+        id: row.try_get("id")?,
+        job_id: row.try_get("job_id")?,
+        lease: NewLease {
+            replica: row.try_get("replica")?,
+            node_id: row.try_get("node_id")?,
+            gpu_mask: row.try_get("gpu_mask")?,
+            gpu_milli: row.try_get("gpu_milli")?,
+            cpu_milli: row.try_get("cpu_milli")?,
+            memory_mib: row.try_get("memory_mib")?,
+            price_micros: row.try_get("price_micros")?,
+            tier: row.try_get("tier")?,
+            gpu_model: row.try_get("gpu_model")?,
+            region: row.try_get("region")?,
+            expected_end: row.try_get("expected_end")?,
+            preempt_at: row.try_get("preempt_at")?,
+        },
+        epoch: row.try_get("epoch")?,
+        state: LeaseState::decode(row.try_get::<&str, _>("state")?)?,
+        created_at: row.try_get("created_at")?,
+        ended_at: row.try_get("ended_at")?,
+        end_reason: row.try_get("end_reason")?,
+    })
+}
+
+fn placeholders(first: usize, count: usize) -> String {
+    (first..first + count)
+        .map(|n| format!("${n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Store {
+    /// Inserts jobs in one transaction (group commit) and returns them in order. A job whose
+    /// tenant already used its client token comes back as the job first submitted with it.
+    pub async fn insert_jobs(&self, jobs: &[NewJob]) -> Result<Vec<JobRecord>> {
+        let mut out = Vec::with_capacity(jobs.len());
+        if jobs.is_empty() {
+            return Ok(out);
+        }
+        let mut transaction = self.pool.begin().await?;
+        for job in jobs {
+            if let Some(token) = &job.client_token {
+                let query = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE tenant_id = $1 AND client_token = $2");
+                let existing = sqlx::query(sqlx::AssertSqlSafe(query))
+                    .bind(job.tenant_id)
+                    .bind(token)
+                    .fetch_optional(&mut *transaction)
+                    .await?;
+                if let Some(row) = existing {
+                    out.push(job_from(&row)?);
+                    continue;
+                }
+            }
+            let row = sqlx::query(
+                "INSERT INTO jobs (tenant_id, client_token, spec, tier, state, state_reason, submitted_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, 'queued', '', $5, $5) RETURNING id",
+            )
+            .bind(job.tenant_id)
+            .bind(job.client_token.as_deref())
+            .bind(&job.spec)
+            .bind(&job.tier)
+            .bind(job.submitted_at)
+            .fetch_one(&mut *transaction)
+            .await
+            .map_err(|error| {
+                if is_unique_violation(&error) {
+                    StoreError::Conflict("a job with this client token".to_string())
+                } else {
+                    error.into()
+                }
+            })?;
+            out.push(JobRecord {
+                id: row.try_get("id")?,
+                tenant_id: job.tenant_id,
+                client_token: job.client_token.clone(),
+                spec: job.spec.clone(),
+                tier: job.tier.clone(),
+                state: JobState::Queued,
+                state_reason: String::new(),
+                submitted_at: job.submitted_at,
+                updated_at: job.submitted_at,
+            });
+        }
+        transaction.commit().await?;
+        Ok(out)
+    }
+
+    pub async fn job(&self, id: i64) -> Result<Option<JobRecord>> {
+        let query = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(job_from).transpose()
+    }
+
+    /// A tenant's jobs, newest first, at most `limit`, with ids below `before` when given.
+    pub async fn jobs_of_tenant(&self, tenant_id: i64, before: Option<i64>, limit: i64) -> Result<Vec<JobRecord>> {
+        let query =
+            format!("SELECT {JOB_COLUMNS} FROM jobs WHERE tenant_id = $1 AND id < $2 ORDER BY id DESC LIMIT $3");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(tenant_id)
+            .bind(before.unwrap_or(i64::MAX))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(job_from).collect()
+    }
+
+    /// Jobs in the given states, oldest first.
+    pub async fn jobs_in_states(&self, states: &[JobState]) -> Result<Vec<JobRecord>> {
+        let query = format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ({}) ORDER BY id",
+            placeholders(1, states.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(query));
+        for state in states {
+            query = query.bind(state.as_str());
+        }
+        let rows = query.fetch_all(&self.pool).await?;
+        rows.iter().map(job_from).collect()
+    }
+
+    /// Counts jobs per state.
+    pub async fn job_counts(&self) -> Result<Vec<(JobState, i64)>> {
+        let rows = sqlx::query("SELECT state, COUNT(*) AS count FROM jobs GROUP BY state ORDER BY state")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    JobState::decode(row.try_get::<&str, _>("state")?)?,
+                    row.try_get("count")?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Moves a job to `to` if it is in one of `from`; false when it was not (someone else moved it).
+    pub async fn set_job_state(
+        &self,
+        id: i64,
+        from: &[JobState],
+        to: JobState,
+        reason: &str,
+        now: i64,
+    ) -> Result<bool> {
+        let query = format!(
+            "UPDATE jobs SET state = $1, state_reason = $2, updated_at = $3 WHERE id = $4 AND state IN ({})",
+            placeholders(5, from.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(to.as_str())
+            .bind(reason)
+            .bind(now)
+            .bind(id);
+        for state in from {
+            query = query.bind(state.as_str());
+        }
+        Ok(query.execute(&self.pool).await?.rows_affected() == 1)
+    }
+
+    /// Commits a placement: the job goes from queued to running and its leases are inserted
+    /// with epoch 1, in one transaction. `Ok(None)` when the job was no longer queued (it was
+    /// cancelled meanwhile): nothing is written.
+    pub async fn commit_placement(
+        &self,
+        job_id: i64,
+        leases: &[NewLease],
+        now: i64,
+    ) -> Result<Option<Vec<LeaseRecord>>> {
+        let mut transaction = self.pool.begin().await?;
+        let moved = sqlx::query(
+            "UPDATE jobs SET state = 'running', state_reason = '', updated_at = $1 WHERE id = $2 AND state = 'queued'",
+        )
+        .bind(now)
+        .bind(job_id)
+        .execute(&mut *transaction)
+        .await?;
+        if moved.rows_affected() != 1 {
+            transaction.rollback().await?;
+            return Ok(None);
+        }
+        let mut out = Vec::with_capacity(leases.len());
+        for lease in leases {
+            out.push(insert_lease(&mut transaction, job_id, lease, now).await?);
+        }
+        transaction.commit().await?;
+        Ok(Some(out))
+    }
+
+    /// Adds leases to a running job (gang repair), in one transaction.
+    pub async fn add_leases(&self, job_id: i64, leases: &[NewLease], now: i64) -> Result<Vec<LeaseRecord>> {
+        let mut transaction = self.pool.begin().await?;
+        let mut out = Vec::with_capacity(leases.len());
+        for lease in leases {
+            out.push(insert_lease(&mut transaction, job_id, lease, now).await?);
+        }
+        transaction.commit().await?;
+        Ok(out)
+    }
+
+    pub async fn lease(&self, id: i64) -> Result<Option<LeaseRecord>> {
+        let query = format!("SELECT {LEASE_COLUMNS} FROM leases WHERE id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(lease_from).transpose()
+    }
+
+    /// Every live lease (pending, staging, running), in id order: with the nodes, what the
+    /// matcher is rebuilt from.
+    pub async fn live_leases(&self) -> Result<Vec<LeaseRecord>> {
+        let query =
+            format!("SELECT {LEASE_COLUMNS} FROM leases WHERE state IN ('pending', 'staging', 'running') ORDER BY id");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(query)).fetch_all(&self.pool).await?;
+        rows.iter().map(lease_from).collect()
+    }
+
+    pub async fn leases_of_job(&self, job_id: i64) -> Result<Vec<LeaseRecord>> {
+        let query = format!("SELECT {LEASE_COLUMNS} FROM leases WHERE job_id = $1 ORDER BY id");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(job_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(lease_from).collect()
+    }
+
+    /// A node's live leases, in id order: what its agent should be running.
+    pub async fn live_leases_of_node(&self, node_id: i64) -> Result<Vec<LeaseRecord>> {
+        let query = format!(
+            "SELECT {LEASE_COLUMNS} FROM leases WHERE node_id = $1 AND state IN ('pending', 'staging', 'running') ORDER BY id"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(node_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(lease_from).collect()
+    }
+
+    /// Moves a live lease to `to`, only at its current `epoch` (fencing: a report for an older
+    /// epoch changes nothing). Ending a lease stamps `ended_at`. False when the lease was not
+    /// live at that epoch.
+    pub async fn set_lease_state(&self, id: i64, epoch: i64, to: LeaseState, reason: &str, now: i64) -> Result<bool> {
+        let ended_at = if to.is_live() { None } else { Some(now) };
+        let done = sqlx::query(
+            "UPDATE leases SET state = $1, end_reason = $2, ended_at = $3 \
+             WHERE id = $4 AND epoch = $5 AND state IN ('pending', 'staging', 'running')",
+        )
+        .bind(to.as_str())
+        .bind(reason)
+        .bind(ended_at)
+        .bind(id)
+        .bind(epoch)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Ends a live lease whatever its epoch, bumping the epoch so that an agent still holding
+    /// the old one is fenced off. Returns the lease as it now is, or None if it was not live.
+    pub async fn end_lease(&self, id: i64, to: LeaseState, reason: &str, now: i64) -> Result<Option<LeaseRecord>> {
+        let query = format!(
+            "UPDATE leases SET state = $1, end_reason = $2, ended_at = $3, epoch = epoch + 1 \
+             WHERE id = $4 AND state IN ('pending', 'staging', 'running') RETURNING {LEASE_COLUMNS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(to.as_str())
+            .bind(reason)
+            .bind(now)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(lease_from).transpose()
+    }
+
+    /// Sets (or clears) when a bronze lease is to be preempted.
+    pub async fn set_lease_preempt_at(&self, id: i64, preempt_at: Option<i64>) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE leases SET preempt_at = $1 WHERE id = $2 AND state IN ('pending', 'staging', 'running')",
+        )
+        .bind(preempt_at)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Counts live leases and the GPUs (thousandths) they hold.
+    pub async fn live_lease_totals(&self) -> Result<(i64, i64)> {
+        let rows =
+            sqlx::query("SELECT gpu_mask, gpu_milli FROM leases WHERE state IN ('pending', 'staging', 'running')")
+                .fetch_all(&self.pool)
+                .await?;
+        let mut milli = 0i64;
+        for row in &rows {
+            let mask: i64 = row.try_get("gpu_mask")?;
+            let share: i64 = row.try_get("gpu_milli")?;
+            milli += i64::from(mask.count_ones() as u16) * share;
+        }
+        Ok((rows.len() as i64, milli))
+    }
+}
+
+async fn insert_lease(
+    transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
+    job_id: i64,
+    lease: &NewLease,
+    now: i64,
+) -> Result<LeaseRecord> {
+    let row = sqlx::query(
+        "INSERT INTO leases (job_id, replica, node_id, gpu_mask, gpu_milli, cpu_milli, memory_mib, epoch, price_micros, \
+         state, tier, gpu_model, region, created_at, expected_end, preempt_at, end_reason) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $8, 'pending', $9, $10, $11, $12, $13, $14, '') RETURNING id",
+    )
+    .bind(job_id)
+    .bind(lease.replica)
+    .bind(lease.node_id)
+    .bind(lease.gpu_mask)
+    .bind(lease.gpu_milli)
+    .bind(lease.cpu_milli)
+    .bind(lease.memory_mib)
+    .bind(lease.price_micros)
+    .bind(&lease.tier)
+    .bind(&lease.gpu_model)
+    .bind(&lease.region)
+    .bind(now)
+    .bind(lease.expected_end)
+    .bind(lease.preempt_at)
+    .fetch_one(&mut **transaction)
+    .await?;
+    Ok(LeaseRecord {
+        id: row.try_get("id")?,
+        job_id,
+        lease: lease.clone(),
+        epoch: 1,
+        state: LeaseState::Pending,
+        created_at: now,
+        ended_at: None,
+        end_reason: String::new(),
+    })
+}

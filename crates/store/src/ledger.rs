@@ -1,0 +1,172 @@
+//! The ledger's durable form: transactions (unique by idempotency key), their entries, and a
+//! balance per account kept in the same database transaction, with each account's floor
+//! checked by the update itself so two writers cannot both spend the same money.
+
+use sqlx::Row;
+
+use crate::{LedgerTransactionRow, Result, Store, StoreError};
+
+/// What applying a ledger transaction did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LedgerOutcome {
+    New,
+    /// The key was applied before with the same entries: nothing changed.
+    Duplicate,
+}
+
+fn encode_entries(entries: &[(String, i64)]) -> String {
+    entries
+        .iter()
+        .map(|(account, amount)| format!("{account}={amount}"))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+impl Store {
+    /// Applies a balanced transaction atomically. `floors[i]` is the lowest balance entry i's
+    /// account may reach (`i64::MIN` for none). A key seen before with the same entries is a
+    /// `Duplicate`; with other entries, a `Conflict`. A floor that would be broken is `Refused`
+    /// and nothing is written.
+    pub async fn apply_ledger(&self, transaction: &LedgerTransactionRow, floors: &[i64]) -> Result<LedgerOutcome> {
+        assert_eq!(floors.len(), transaction.entries.len(), "one floor per entry");
+        let sum: i128 = transaction.entries.iter().map(|(_, amount)| i128::from(*amount)).sum();
+        if sum != 0 {
+            return Err(StoreError::Refused(format!(
+                "ledger transaction {} does not balance (sum {sum})",
+                transaction.key
+            )));
+        }
+        let encoded = encode_entries(&transaction.entries);
+        let mut db = self.pool.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO ledger_transactions (key, kind, memo, entries, at) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (key) DO NOTHING",
+        )
+        .bind(&transaction.key)
+        .bind(&transaction.kind)
+        .bind(&transaction.memo)
+        .bind(&encoded)
+        .bind(transaction.at)
+        .execute(&mut *db)
+        .await?;
+        if inserted.rows_affected() == 0 {
+            let row = sqlx::query("SELECT entries FROM ledger_transactions WHERE key = $1")
+                .bind(&transaction.key)
+                .fetch_one(&mut *db)
+                .await?;
+            let stored: String = row.try_get("entries")?;
+            db.rollback().await?;
+            return if stored == encoded {
+                Ok(LedgerOutcome::Duplicate)
+            } else {
+                Err(StoreError::Conflict(format!(
+                    "ledger key {} with different entries",
+                    transaction.key
+                )))
+            };
+        }
+        for ((account, amount), floor) in transaction.entries.iter().zip(floors) {
+            sqlx::query(
+                "INSERT INTO ledger_balances (account, balance) VALUES ($1, 0) ON CONFLICT (account) DO NOTHING",
+            )
+            .bind(account)
+            .execute(&mut *db)
+            .await?;
+            let updated = sqlx::query(
+                "UPDATE ledger_balances SET balance = balance + $1 WHERE account = $2 AND balance + $1 >= $3",
+            )
+            .bind(*amount)
+            .bind(account)
+            .bind(*floor)
+            .execute(&mut *db)
+            .await?;
+            if updated.rows_affected() == 0 {
+                db.rollback().await?;
+                return Err(StoreError::Refused(format!(
+                    "account {account} would go below its floor of {floor} micro-dollars"
+                )));
+            }
+            sqlx::query("INSERT INTO ledger_entries (tx_key, account, amount, at) VALUES ($1, $2, $3, $4)")
+                .bind(&transaction.key)
+                .bind(account)
+                .bind(*amount)
+                .bind(transaction.at)
+                .execute(&mut *db)
+                .await?;
+        }
+        db.commit().await?;
+        Ok(LedgerOutcome::New)
+    }
+
+    /// An account's balance; zero when it has none yet.
+    pub async fn balance(&self, account: &str) -> Result<i64> {
+        let row = sqlx::query("SELECT balance FROM ledger_balances WHERE account = $1")
+            .bind(account)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(row) => row.try_get("balance")?,
+            None => 0,
+        })
+    }
+
+    /// Every balance whose account key starts with `prefix`, in key order.
+    pub async fn balances(&self, prefix: &str) -> Result<Vec<(String, i64)>> {
+        let rows = sqlx::query("SELECT account, balance FROM ledger_balances WHERE account LIKE $1 ORDER BY account")
+            .bind(format!("{prefix}%"))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get("account")?, row.try_get("balance")?)))
+            .collect()
+    }
+
+    /// The sum of all balances and the sum of all entries: both zero in a sound ledger.
+    pub async fn ledger_totals(&self) -> Result<(i64, i64)> {
+        let balances = sqlx::query("SELECT CAST(COALESCE(SUM(balance), 0) AS BIGINT) AS total FROM ledger_balances")
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("total")?;
+        let entries = sqlx::query("SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) AS total FROM ledger_entries")
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("total")?;
+        Ok((balances, entries))
+    }
+
+    /// An account's entries, newest first: (transaction key, kind, amount, at).
+    pub async fn ledger_entries_of(&self, account: &str, limit: i64) -> Result<Vec<(String, String, i64, i64)>> {
+        let rows = sqlx::query(
+            "SELECT e.tx_key, t.kind, e.amount, e.at FROM ledger_entries e JOIN ledger_transactions t ON t.key = e.tx_key \
+             WHERE e.account = $1 ORDER BY e.id DESC LIMIT $2",
+        )
+        .bind(account)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get("tx_key")?,
+                    row.try_get("kind")?,
+                    row.try_get("amount")?,
+                    row.try_get("at")?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Sum of an account's entries of one transaction kind since `since` (e.g. earnings per day).
+    pub async fn ledger_sum(&self, account: &str, kind: &str, since: i64) -> Result<i64> {
+        let row = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(e.amount), 0) AS BIGINT) AS total FROM ledger_entries e \
+             JOIN ledger_transactions t ON t.key = e.tx_key WHERE e.account = $1 AND t.kind = $2 AND e.at >= $3",
+        )
+        .bind(account)
+        .bind(kind)
+        .bind(since)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row.try_get("total")?)
+    }
+}

@@ -1,0 +1,180 @@
+//! The coordinator's durable state behind one interface, on SQLite (embedded, one file, WAL) or
+//! PostgreSQL (several coordinator replicas). Only this crate knows SQL.
+//!
+//! One code path serves both backends: sqlx's `Any` driver, runtime queries with `$N`
+//! placeholders, and only i64 / f64 / text values (booleans are 0/1, JSON is text, times are
+//! microseconds since the Unix epoch, money is micro-dollars). Migrations are embedded, one
+//! folder per backend, and applied at open. The conformance suite in `tests/` runs every test
+//! against both.
+
+mod rows;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{AnyConnection, AnyPool, Connection, Row};
+
+pub use ledger::LedgerOutcome;
+pub use rows::*;
+
+/// Connections per pool. SQLite serialises writers anyway; readers share the rest.
+pub const POOL_CONNECTIONS_MAX: u32 = 16;
+/// How long a statement waits for SQLite's write lock before it fails.
+pub const SQLITE_BUSY_TIMEOUT_MS: u64 = 10_000;
+/// The advisory lock key the reconcile leader holds on PostgreSQL ("fallow" in ASCII).
+pub const LEADER_LOCK_KEY: i64 = 0x66_61_6c_6c_6f_77;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database URL {0:?} is not sqlite://PATH or postgres://…")]
+    BadUrl(String),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migration(#[from] sqlx::migrate::MigrateError),
+    #[error("{0} already exists")]
+    Conflict(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("refused: {0}")]
+    Refused(String),
+    #[error("stored row is corrupt: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// The store: a pool on one database. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+    url: String,
+}
+
+/// Holds the reconcile leadership while alive. On PostgreSQL it owns the connection that holds
+/// the advisory lock: if the process dies, the server closes the session and the lock goes.
+pub struct LeaderGuard {
+    connection: Option<AnyConnection>,
+}
+
+impl LeaderGuard {
+    /// Whether the lock is still held (the connection still answers).
+    pub async fn still_held(&mut self) -> bool {
+        match self.connection.as_mut() {
+            None => true,
+            Some(connection) => connection.ping().await.is_ok(),
+        }
+    }
+}
+
+impl Store {
+    /// Opens (and for SQLite creates) the database and applies the migrations.
+    pub async fn open(url: &str) -> Result<Store> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Backend::Postgres
+        } else {
+            return Err(StoreError::BadUrl(url.to_string()));
+        };
+        let connect_url = match backend {
+            Backend::Sqlite if !url.contains("mode=") => {
+                let separator = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{separator}mode=rwc")
+            }
+            _ => url.to_string(),
+        };
+        let options = AnyConnectOptions::from_str(&connect_url).map_err(|_| StoreError::BadUrl(url.to_string()))?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(if backend == Backend::Sqlite {
+                8
+            } else {
+                POOL_CONNECTIONS_MAX
+            })
+            .acquire_timeout(Duration::from_secs(30))
+            .after_connect(move |connection, _| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        // WAL lets readers run beside the writer; FULL makes every commit
+                        // durable across a power cut, not only a crash.
+                        sqlx::query("PRAGMA busy_timeout = 10000")
+                            .execute(&mut *connection)
+                            .await?;
+                        sqlx::query("PRAGMA synchronous = FULL")
+                            .execute(&mut *connection)
+                            .await?;
+                        sqlx::query("PRAGMA foreign_keys = ON")
+                            .execute(&mut *connection)
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await?;
+        if backend == Backend::Sqlite {
+            sqlx::query("PRAGMA journal_mode = WAL").execute(&pool).await?;
+            sqlx::migrate!("migrations/sqlite").run(&pool).await?;
+        } else {
+            sqlx::migrate!("migrations/postgres").run(&pool).await?;
+        }
+        Ok(Store {
+            pool,
+            backend,
+            url: url.to_string(),
+        })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Tries to become the reconcile leader. SQLite has one server per file, so it always leads;
+    /// on PostgreSQL a session advisory lock decides, and the lock dies with its connection.
+    pub async fn try_lead(&self) -> Result<Option<LeaderGuard>> {
+        if self.backend == Backend::Sqlite {
+            return Ok(Some(LeaderGuard { connection: None }));
+        }
+        let mut connection = AnyConnection::connect(&self.url).await?;
+        let row = sqlx::query("SELECT CAST(pg_try_advisory_lock($1) AS INT) AS held")
+            .bind(LEADER_LOCK_KEY)
+            .fetch_one(&mut connection)
+            .await?;
+        let held: i32 = row.try_get("held")?;
+        if held == 1 {
+            Ok(Some(LeaderGuard {
+                connection: Some(connection),
+            }))
+        } else {
+            let _ = connection.close().await;
+            Ok(None)
+        }
+    }
+}
+
+mod accounts;
+mod jobs;
+mod ledger;
+mod nodes;
+mod records;

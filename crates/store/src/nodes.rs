@@ -1,0 +1,230 @@
+//! Nodes: registration, policies, heartbeats (batched), liveness, and the nonces of signed
+//! requests (so a replay is refused by every replica, not only the one that saw it first).
+
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use crate::accounts::is_unique_violation;
+use crate::{Heartbeat, NewNode, NodeRecord, Result, Store, StoreError};
+
+const NODE_COLUMNS: &str = "id, provider_id, name, public_key, fingerprint, fingerprint_changed_at, region, site, \
+    fabric, nvlink_domain, latitude, longitude, gpu_model, gpu_count, cpu_milli, memory_mib, network_mbit_s, \
+    simulated, policy, datasets, registered_at, updated_at, last_heartbeat_at, online, telemetry";
+
+fn node_from(row: &AnyRow) -> Result<NodeRecord> {
+    Ok(NodeRecord {
+        id: row.try_get("id")?,
+        node: NewNode {
+            provider_id: row.try_get("provider_id")?,
+            name: row.try_get("name")?,
+            public_key: row.try_get("public_key")?,
+            fingerprint: row.try_get("fingerprint")?,
+            region: row.try_get("region")?,
+            site: row.try_get("site")?,
+            fabric: row.try_get("fabric")?,
+            nvlink_domain: row.try_get("nvlink_domain")?,
+            latitude: row.try_get("latitude")?,
+            longitude: row.try_get("longitude")?,
+            gpu_model: row.try_get("gpu_model")?,
+            gpu_count: row.try_get("gpu_count")?,
+            cpu_milli: row.try_get("cpu_milli")?,
+            memory_mib: row.try_get("memory_mib")?,
+            network_mbit_s: row.try_get("network_mbit_s")?,
+            simulated: row.try_get::<i64, _>("simulated")? != 0,
+            policy: row.try_get("policy")?,
+            datasets: row.try_get("datasets")?,
+        },
+        fingerprint_changed_at: row.try_get("fingerprint_changed_at")?,
+        registered_at: row.try_get("registered_at")?,
+        updated_at: row.try_get("updated_at")?,
+        last_heartbeat_at: row.try_get("last_heartbeat_at")?,
+        online: row.try_get::<i64, _>("online")? != 0,
+        telemetry: row.try_get("telemetry")?,
+    })
+}
+
+impl Store {
+    pub async fn insert_node(&self, node: &NewNode, now: i64) -> Result<NodeRecord> {
+        let row = sqlx::query(
+            "INSERT INTO nodes (provider_id, name, public_key, fingerprint, region, site, fabric, nvlink_domain, \
+             latitude, longitude, gpu_model, gpu_count, cpu_milli, memory_mib, network_mbit_s, simulated, policy, \
+             datasets, registered_at, updated_at, online) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $19, 0) \
+             RETURNING id",
+        )
+        .bind(node.provider_id)
+        .bind(&node.name)
+        .bind(&node.public_key)
+        .bind(&node.fingerprint)
+        .bind(&node.region)
+        .bind(&node.site)
+        .bind(&node.fabric)
+        .bind(&node.nvlink_domain)
+        .bind(node.latitude)
+        .bind(node.longitude)
+        .bind(&node.gpu_model)
+        .bind(node.gpu_count)
+        .bind(node.cpu_milli)
+        .bind(node.memory_mib)
+        .bind(node.network_mbit_s)
+        .bind(i64::from(node.simulated))
+        .bind(&node.policy)
+        .bind(&node.datasets)
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|error| {
+            if is_unique_violation(&error) {
+                StoreError::Conflict(format!("node {:?} of this provider, or its public key,", node.name))
+            } else {
+                error.into()
+            }
+        })?;
+        Ok(NodeRecord {
+            id: row.try_get("id")?,
+            node: node.clone(),
+            fingerprint_changed_at: None,
+            registered_at: now,
+            updated_at: now,
+            last_heartbeat_at: None,
+            online: false,
+            telemetry: None,
+        })
+    }
+
+    pub async fn node(&self, id: i64) -> Result<Option<NodeRecord>> {
+        let query = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(node_from).transpose()
+    }
+
+    /// Every node, in id order: what the matcher is rebuilt from.
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>> {
+        let query = format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY id");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(query)).fetch_all(&self.pool).await?;
+        rows.iter().map(node_from).collect()
+    }
+
+    pub async fn nodes_of_provider(&self, provider_id: i64) -> Result<Vec<NodeRecord>> {
+        let query = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE provider_id = $1 ORDER BY id");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(provider_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(node_from).collect()
+    }
+
+    /// The highest `updated_at` over all nodes and how many there are: the matcher rebuilds
+    /// when either changes.
+    pub async fn nodes_version(&self) -> Result<(i64, i64)> {
+        let row =
+            sqlx::query("SELECT CAST(COALESCE(MAX(updated_at), 0) AS BIGINT) AS version, COUNT(*) AS count FROM nodes")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok((row.try_get("version")?, row.try_get("count")?))
+    }
+
+    /// Replaces a node's policy (JSON); false when the node does not exist.
+    pub async fn set_node_policy(&self, id: i64, policy: &str, now: i64) -> Result<bool> {
+        let done = sqlx::query("UPDATE nodes SET policy = $1, updated_at = $2 WHERE id = $3")
+            .bind(policy)
+            .bind(now)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Records a new hardware fingerprint; returns whether it changed.
+    pub async fn set_node_fingerprint(&self, id: i64, fingerprint: &str, now: i64) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE nodes SET fingerprint = $1, fingerprint_changed_at = $2, updated_at = $2 \
+             WHERE id = $3 AND fingerprint <> $1",
+        )
+        .bind(fingerprint)
+        .bind(now)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Records a batch of heartbeats in one transaction (group commit). A node that was offline
+    /// comes back online, and its `updated_at` moves so the matcher notices.
+    pub async fn record_heartbeats(&self, beats: &[Heartbeat]) -> Result<()> {
+        if beats.is_empty() {
+            return Ok(());
+        }
+        let mut transaction = self.pool.begin().await?;
+        for beat in beats {
+            sqlx::query(
+                "UPDATE nodes SET last_heartbeat_at = $1, telemetry = $2, datasets = COALESCE($3, datasets), \
+                 updated_at = CASE WHEN online = 0 OR ($3 IS NOT NULL AND $3 <> datasets) THEN $1 ELSE updated_at END, \
+                 online = 1 WHERE id = $4",
+            )
+            .bind(beat.at)
+            .bind(&beat.telemetry)
+            .bind(beat.datasets.as_deref())
+            .bind(beat.node_id)
+            .execute(&mut *transaction)
+            .await?;
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    /// Online nodes whose last heartbeat is older than `cutoff`.
+    pub async fn silent_nodes(&self, cutoff: i64) -> Result<Vec<i64>> {
+        let rows = sqlx::query(
+            "SELECT id FROM nodes WHERE online = 1 AND (last_heartbeat_at IS NULL OR last_heartbeat_at < $1) ORDER BY id",
+        )
+        .bind(cutoff)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|row| Ok(row.try_get("id")?)).collect()
+    }
+
+    pub async fn set_node_offline(&self, id: i64, now: i64) -> Result<bool> {
+        let done = sqlx::query("UPDATE nodes SET online = 0, updated_at = $1 WHERE id = $2 AND online = 1")
+            .bind(now)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Remembers the nonces of signed requests, all in one transaction; for each, whether it
+    /// was new (false: a replay).
+    pub async fn remember_nonces(&self, nonces: &[(i64, String, i64)]) -> Result<Vec<bool>> {
+        let mut fresh = Vec::with_capacity(nonces.len());
+        if nonces.is_empty() {
+            return Ok(fresh);
+        }
+        let mut transaction = self.pool.begin().await?;
+        for (node_id, nonce, at) in nonces {
+            let done = sqlx::query(
+                "INSERT INTO nonces (node_id, nonce, seen_at) VALUES ($1, $2, $3) ON CONFLICT (node_id, nonce) DO NOTHING",
+            )
+            .bind(*node_id)
+            .bind(nonce)
+            .bind(*at)
+            .execute(&mut *transaction)
+            .await?;
+            fresh.push(done.rows_affected() == 1);
+        }
+        transaction.commit().await?;
+        Ok(fresh)
+    }
+
+    /// Forgets nonces seen before `cutoff`: older requests are refused as stale anyway.
+    pub async fn forget_nonces_before(&self, cutoff: i64) -> Result<u64> {
+        let done = sqlx::query("DELETE FROM nonces WHERE seen_at < $1")
+            .bind(cutoff)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}

@@ -1,0 +1,229 @@
+//! Signed usage records and attestations (each accepted once), lease events (a job's timeline),
+//! evidence of refused requests, reputation inputs, and the market index's price points.
+
+use sqlx::Row;
+
+use crate::accounts::is_unique_violation;
+use crate::{AttestationRow, EvidenceRow, LeaseEvent, PricePoint, Result, Store, UsageRow};
+
+impl Store {
+    /// Stores a usage record; false when (lease, sequence) was already stored (a replay or a retry).
+    pub async fn insert_usage(&self, usage: &UsageRow) -> Result<bool> {
+        let done = sqlx::query(
+            "INSERT INTO usage_records (lease_id, sequence, node_id, gpu_seconds_milli, charged_micros, body, signature, \
+             received_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (lease_id, sequence) DO NOTHING",
+        )
+        .bind(usage.lease_id)
+        .bind(usage.sequence)
+        .bind(usage.node_id)
+        .bind(usage.gpu_seconds_milli)
+        .bind(usage.charged_micros)
+        .bind(&usage.body)
+        .bind(&usage.signature)
+        .bind(usage.received_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// The usage records of a lease, in sequence order.
+    pub async fn usage_of_lease(&self, lease_id: i64) -> Result<Vec<UsageRow>> {
+        let rows = sqlx::query(
+            "SELECT lease_id, sequence, node_id, gpu_seconds_milli, charged_micros, body, signature, received_at \
+             FROM usage_records WHERE lease_id = $1 ORDER BY sequence",
+        )
+        .bind(lease_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(UsageRow {
+                    lease_id: row.try_get("lease_id")?,
+                    sequence: row.try_get("sequence")?,
+                    node_id: row.try_get("node_id")?,
+                    gpu_seconds_milli: row.try_get("gpu_seconds_milli")?,
+                    charged_micros: row.try_get("charged_micros")?,
+                    body: row.try_get("body")?,
+                    signature: row.try_get("signature")?,
+                    received_at: row.try_get("received_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// GPU-milli-seconds already recorded for a lease.
+    pub async fn usage_total(&self, lease_id: i64) -> Result<i64> {
+        let row = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(gpu_seconds_milli), 0) AS BIGINT) AS total FROM usage_records WHERE lease_id = $1",
+        )
+        .bind(lease_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row.try_get("total")?)
+    }
+
+    /// Stores a completion attestation; false when the lease already has one.
+    pub async fn insert_attestation(&self, attestation: &AttestationRow) -> Result<bool> {
+        let done = sqlx::query(
+            "INSERT INTO attestations (lease_id, epoch, node_id, body, signature, received_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(attestation.lease_id)
+        .bind(attestation.epoch)
+        .bind(attestation.node_id)
+        .bind(&attestation.body)
+        .bind(&attestation.signature)
+        .bind(attestation.received_at)
+        .execute(&self.pool)
+        .await;
+        match done {
+            Ok(_) => Ok(true),
+            Err(error) if is_unique_violation(&error) => Ok(false),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    pub async fn attestation(&self, lease_id: i64) -> Result<Option<AttestationRow>> {
+        let row = sqlx::query(
+            "SELECT lease_id, epoch, node_id, body, signature, received_at FROM attestations WHERE lease_id = $1",
+        )
+        .bind(lease_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| {
+            Ok(AttestationRow {
+                lease_id: row.try_get("lease_id")?,
+                epoch: row.try_get("epoch")?,
+                node_id: row.try_get("node_id")?,
+                body: row.try_get("body")?,
+                signature: row.try_get("signature")?,
+                received_at: row.try_get("received_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    pub async fn append_lease_event(&self, lease_id: i64, epoch: i64, kind: &str, detail: &str, at: i64) -> Result<()> {
+        sqlx::query("INSERT INTO lease_events (lease_id, epoch, kind, detail, at) VALUES ($1, $2, $3, $4, $5)")
+            .bind(lease_id)
+            .bind(epoch)
+            .bind(kind)
+            .bind(detail)
+            .bind(at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn lease_events(&self, lease_id: i64) -> Result<Vec<LeaseEvent>> {
+        let rows = sqlx::query(
+            "SELECT id, lease_id, epoch, kind, detail, at FROM lease_events WHERE lease_id = $1 ORDER BY id",
+        )
+        .bind(lease_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(LeaseEvent {
+                    id: row.try_get("id")?,
+                    lease_id: row.try_get("lease_id")?,
+                    epoch: row.try_get("epoch")?,
+                    kind: row.try_get("kind")?,
+                    detail: row.try_get("detail")?,
+                    at: row.try_get("at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Records evidence (a forged signature, a replay, a report for a lease the node does not hold).
+    pub async fn record_evidence(&self, node_id: Option<i64>, kind: &str, detail: &str, at: i64) -> Result<()> {
+        sqlx::query("INSERT INTO evidence (node_id, kind, detail, at) VALUES ($1, $2, $3, $4)")
+            .bind(node_id)
+            .bind(kind)
+            .bind(detail)
+            .bind(at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn evidence(&self, node_id: Option<i64>, limit: i64) -> Result<Vec<EvidenceRow>> {
+        let rows =
+            match node_id {
+                Some(node) => sqlx::query(
+                    "SELECT id, node_id, kind, detail, at FROM evidence WHERE node_id = $1 ORDER BY id DESC LIMIT $2",
+                )
+                .bind(node)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?,
+                None => {
+                    sqlx::query("SELECT id, node_id, kind, detail, at FROM evidence ORDER BY id DESC LIMIT $1")
+                        .bind(limit)
+                        .fetch_all(&self.pool)
+                        .await?
+                }
+            };
+        rows.iter()
+            .map(|row| {
+                Ok(EvidenceRow {
+                    id: row.try_get("id")?,
+                    node_id: row.try_get("node_id")?,
+                    kind: row.try_get("kind")?,
+                    detail: row.try_get("detail")?,
+                    at: row.try_get("at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Records one reputation outcome for a node ("lease_ok", "node_fault", "heartbeat_missed"…).
+    pub async fn record_outcome(&self, node_id: i64, outcome: &str, at: i64) -> Result<()> {
+        sqlx::query("INSERT INTO reputation_events (node_id, outcome, at) VALUES ($1, $2, $3)")
+            .bind(node_id)
+            .bind(outcome)
+            .bind(at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// A node's outcomes since `since`, oldest first.
+    pub async fn outcomes(&self, node_id: i64, since: i64) -> Result<Vec<(String, i64)>> {
+        let rows = sqlx::query("SELECT outcome, at FROM reputation_events WHERE node_id = $1 AND at >= $2 ORDER BY id")
+            .bind(node_id)
+            .bind(since)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get("outcome")?, row.try_get("at")?)))
+            .collect()
+    }
+
+    /// Clearing prices of the leases granted since `since`, oldest first: the market index.
+    pub async fn price_points(&self, since: i64, limit: i64) -> Result<Vec<PricePoint>> {
+        let rows = sqlx::query(
+            "SELECT created_at, gpu_model, region, tier, price_micros, gpu_mask, gpu_milli FROM leases \
+             WHERE created_at >= $1 ORDER BY created_at, id LIMIT $2",
+        )
+        .bind(since)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let mask: i64 = row.try_get("gpu_mask")?;
+                let milli: i64 = row.try_get("gpu_milli")?;
+                Ok(PricePoint {
+                    at: row.try_get("created_at")?,
+                    gpu_model: row.try_get("gpu_model")?,
+                    region: row.try_get("region")?,
+                    tier: row.try_get("tier")?,
+                    price_micros: row.try_get("price_micros")?,
+                    gpu_milli_total: i64::from(mask.count_ones() as u16) * milli,
+                })
+            })
+            .collect()
+    }
+}

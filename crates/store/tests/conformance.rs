@@ -1,0 +1,483 @@
+//! The store's conformance suite: every test runs on SQLite (a real file) and on PostgreSQL (a
+//! real server, from `FALLOW_TEST_POSTGRES_URL`). Without that variable the PostgreSQL leg is
+//! skipped with a loud message, unless `FALLOW_CI_REQUIRE_SERVICES=1`, where it fails.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use store::{
+    ApiKeyRecord, Heartbeat, JobState, LeaseState, LedgerOutcome, LedgerTransactionRow, NewJob, NewLease, NewNode,
+    Role, Store, StoreError, UsageRow,
+};
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .subsec_nanos()
+    )
+}
+
+/// A fresh, empty database per backend: a new SQLite file, and a new PostgreSQL database.
+async fn backends() -> Vec<(&'static str, Store)> {
+    let path = std::env::temp_dir().join(format!("{}.db", unique("fallow_store")));
+    let sqlite = Store::open(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("SQLite store opens");
+    let mut out = vec![("sqlite", sqlite)];
+    match std::env::var("FALLOW_TEST_POSTGRES_URL") {
+        Ok(url) => {
+            let name = unique("fallow_t");
+            let admin = Store::open(&url)
+                .await
+                .expect("PostgreSQL at FALLOW_TEST_POSTGRES_URL opens");
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                .execute(admin.pool())
+                .await
+                .expect("create a test database");
+            admin.close().await;
+            let (base, _) = url.rsplit_once('/').expect("URL names a database");
+            let store = Store::open(&format!("{base}/{name}"))
+                .await
+                .expect("test database opens");
+            out.push(("postgres", store));
+        }
+        Err(_) if std::env::var("FALLOW_CI_REQUIRE_SERVICES").as_deref() == Ok("1") => {
+            panic!("FALLOW_TEST_POSTGRES_URL is not set but FALLOW_CI_REQUIRE_SERVICES=1: the PostgreSQL leg must run")
+        }
+        Err(_) => eprintln!("SKIPPED: PostgreSQL leg (set FALLOW_TEST_POSTGRES_URL to run it)"),
+    }
+    out
+}
+
+async fn on_every_backend<F, Fut>(test: F)
+where
+    F: Fn(&'static str, Store) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    for (name, store) in backends().await {
+        test(name, store.clone()).await;
+        store.close().await;
+    }
+}
+
+fn node(provider_id: i64, name: &str) -> NewNode {
+    NewNode {
+        provider_id,
+        name: name.to_string(),
+        public_key: unique("key"),
+        fingerprint: "fp1".to_string(),
+        region: "eu-west".to_string(),
+        site: "ams1".to_string(),
+        fabric: "ams1-ib0".to_string(),
+        nvlink_domain: format!("{name}-board"),
+        latitude: 52.37,
+        longitude: 4.9,
+        gpu_model: "H100-SXM5".to_string(),
+        gpu_count: 8,
+        cpu_milli: 128_000,
+        memory_mib: 1_048_576,
+        network_mbit_s: 100_000,
+        simulated: true,
+        policy: "{}".to_string(),
+        datasets: "[]".to_string(),
+    }
+}
+
+fn lease(node_id: i64, replica: i64) -> NewLease {
+    NewLease {
+        replica,
+        node_id,
+        gpu_mask: 0b11,
+        gpu_milli: 1000,
+        cpu_milli: 8000,
+        memory_mib: 65536,
+        price_micros: 2_100_000,
+        tier: "silver".to_string(),
+        gpu_model: "H100-SXM5".to_string(),
+        region: "eu-west".to_string(),
+        expected_end: 10_000_000,
+        preempt_at: None,
+    }
+}
+
+fn job(tenant_id: i64, token: Option<&str>) -> NewJob {
+    NewJob {
+        tenant_id,
+        client_token: token.map(str::to_string),
+        spec: r#"{"image":"busybox"}"#.to_string(),
+        tier: "silver".to_string(),
+        submitted_at: 1_000,
+    }
+}
+
+#[tokio::test]
+async fn accounts_and_keys() {
+    on_every_backend(|backend, store| async move {
+        let tenant = store.create_account(Role::Tenant, "acme", 5).await.unwrap();
+        assert_eq!(
+            store.account(tenant.id).await.unwrap().as_ref(),
+            Some(&tenant),
+            "{backend}"
+        );
+        assert!(
+            matches!(
+                store.create_account(Role::Provider, "acme", 6).await,
+                Err(StoreError::Conflict(_))
+            ),
+            "{backend}: names are unique"
+        );
+        let key = ApiKeyRecord {
+            key_id: "abc123".to_string(),
+            account_id: tenant.id,
+            secret_hash: "hash".to_string(),
+            label: "laptop".to_string(),
+            created_at: 7,
+            revoked_at: None,
+        };
+        store.insert_api_key(&key).await.unwrap();
+        assert_eq!(store.api_key("abc123").await.unwrap(), Some(key.clone()), "{backend}");
+        assert!(store.revoke_api_key("abc123", 9).await.unwrap());
+        assert!(
+            !store.revoke_api_key("abc123", 10).await.unwrap(),
+            "{backend}: revoking twice is a no-op"
+        );
+        assert_eq!(store.api_key("abc123").await.unwrap().unwrap().revoked_at, Some(9));
+        assert_eq!(store.api_keys_of(tenant.id).await.unwrap().len(), 1);
+        assert_eq!(store.api_key("missing").await.unwrap(), None);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn nodes_heartbeats_and_nonces() {
+    on_every_backend(|backend, store| async move {
+        let provider = store.create_account(Role::Provider, "gpu-farm", 1).await.unwrap();
+        let first = store.insert_node(&node(provider.id, "n1"), 10).await.unwrap();
+        let second = store.insert_node(&node(provider.id, "n2"), 11).await.unwrap();
+        assert!(
+            matches!(
+                store.insert_node(&node(provider.id, "n1"), 12).await,
+                Err(StoreError::Conflict(_))
+            ),
+            "{backend}: a provider's node names are unique"
+        );
+        assert_eq!(store.node(first.id).await.unwrap().unwrap(), first);
+        assert_eq!(store.nodes().await.unwrap().len(), 2);
+        assert_eq!(store.nodes_version().await.unwrap(), (11, 2));
+        store
+            .record_heartbeats(&[
+                Heartbeat {
+                    node_id: first.id,
+                    at: 100,
+                    telemetry: "{\"t\":1}".to_string(),
+                    datasets: None,
+                },
+                Heartbeat {
+                    node_id: second.id,
+                    at: 100,
+                    telemetry: "{}".to_string(),
+                    datasets: Some("[1]".to_string()),
+                },
+            ])
+            .await
+            .unwrap();
+        let seen = store.node(second.id).await.unwrap().unwrap();
+        assert!(seen.online, "{backend}");
+        assert_eq!(seen.last_heartbeat_at, Some(100));
+        assert_eq!(seen.node.datasets, "[1]");
+        assert_eq!(
+            store.nodes_version().await.unwrap().0,
+            100,
+            "{backend}: coming online moves the version"
+        );
+        store
+            .record_heartbeats(&[Heartbeat {
+                node_id: first.id,
+                at: 200,
+                telemetry: "{}".to_string(),
+                datasets: None,
+            }])
+            .await
+            .unwrap();
+        assert_eq!(store.silent_nodes(150).await.unwrap(), vec![second.id], "{backend}");
+        assert!(store.set_node_offline(second.id, 300).await.unwrap());
+        assert!(!store.set_node_offline(second.id, 301).await.unwrap());
+        assert!(store.silent_nodes(150).await.unwrap().is_empty());
+        assert!(store.set_node_policy(first.id, "{\"x\":1}", 400).await.unwrap());
+        assert!(!store.set_node_policy(9999, "{}", 400).await.unwrap());
+        assert!(store.set_node_fingerprint(first.id, "fp2", 401).await.unwrap());
+        assert!(
+            !store.set_node_fingerprint(first.id, "fp2", 402).await.unwrap(),
+            "{backend}: unchanged"
+        );
+        let fresh = store
+            .remember_nonces(&[
+                (first.id, "aa".to_string(), 1),
+                (first.id, "bb".to_string(), 1),
+                (second.id, "aa".to_string(), 1),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(fresh, vec![true, true, true], "{backend}");
+        let again = store.remember_nonces(&[(first.id, "aa".to_string(), 2)]).await.unwrap();
+        assert_eq!(again, vec![false], "{backend}: a replayed nonce is refused");
+        assert_eq!(store.forget_nonces_before(2).await.unwrap(), 3);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn jobs_leases_and_fencing() {
+    on_every_backend(|backend, store| async move {
+        let tenant = store.create_account(Role::Tenant, "t", 1).await.unwrap();
+        let provider = store.create_account(Role::Provider, "p", 1).await.unwrap();
+        let host = store.insert_node(&node(provider.id, "n1"), 1).await.unwrap();
+        let jobs = store
+            .insert_jobs(&[
+                job(tenant.id, Some("once")),
+                job(tenant.id, None),
+                job(tenant.id, Some("once")),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            jobs[0].id, jobs[2].id,
+            "{backend}: the same client token gives the same job"
+        );
+        assert_ne!(jobs[0].id, jobs[1].id);
+        let again = store.insert_jobs(&[job(tenant.id, Some("once"))]).await.unwrap();
+        assert_eq!(again[0].id, jobs[0].id, "{backend}: also across batches");
+        assert_eq!(store.jobs_in_states(&[JobState::Queued]).await.unwrap().len(), 2);
+        let leases = store
+            .commit_placement(jobs[0].id, &[lease(host.id, 0), lease(host.id, 1)], 50)
+            .await
+            .unwrap()
+            .expect("a queued job commits");
+        assert_eq!(leases.len(), 2);
+        assert!(
+            leases
+                .iter()
+                .all(|lease| lease.epoch == 1 && lease.state == LeaseState::Pending)
+        );
+        assert_eq!(
+            store
+                .commit_placement(jobs[0].id, &[lease(host.id, 0)], 51)
+                .await
+                .unwrap(),
+            None,
+            "{backend}: a job is placed once"
+        );
+        assert_eq!(store.job(jobs[0].id).await.unwrap().unwrap().state, JobState::Running);
+        assert_eq!(store.live_leases().await.unwrap().len(), 2);
+        assert_eq!(store.live_leases_of_node(host.id).await.unwrap().len(), 2);
+        assert_eq!(store.live_lease_totals().await.unwrap(), (2, 4000));
+        let first = leases[0].id;
+        assert!(
+            store
+                .set_lease_state(first, 1, LeaseState::Running, "", 60)
+                .await
+                .unwrap()
+        );
+        let lost = store
+            .end_lease(first, LeaseState::Lost, "node silent", 70)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(lost.epoch, 2, "{backend}: losing a lease bumps its epoch");
+        assert!(
+            !store
+                .set_lease_state(first, 1, LeaseState::Finished, "", 80)
+                .await
+                .unwrap(),
+            "{backend}: an old epoch is fenced off"
+        );
+        assert_eq!(store.end_lease(first, LeaseState::Lost, "", 90).await.unwrap(), None);
+        assert_eq!(store.live_leases().await.unwrap().len(), 1);
+        assert!(
+            store
+                .set_job_state(jobs[1].id, &[JobState::Queued], JobState::Cancelled, "by tenant", 99)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .set_job_state(jobs[1].id, &[JobState::Queued], JobState::Running, "", 99)
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            store
+                .commit_placement(jobs[1].id, &[lease(host.id, 0)], 100)
+                .await
+                .unwrap(),
+            None
+        );
+        let tenant_jobs = store.jobs_of_tenant(tenant.id, None, 10).await.unwrap();
+        assert_eq!(
+            tenant_jobs.iter().map(|job| job.id).collect::<Vec<_>>(),
+            vec![jobs[1].id, jobs[0].id]
+        );
+        assert_eq!(
+            store
+                .jobs_of_tenant(tenant.id, Some(jobs[1].id), 10)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        let points = store.price_points(0, 10).await.unwrap();
+        assert_eq!(points.len(), 2, "{backend}");
+        assert_eq!(points[0].gpu_milli_total, 2000);
+        store.append_lease_event(first, 1, "running", "", 60).await.unwrap();
+        assert_eq!(store.lease_events(first).await.unwrap().len(), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn usage_and_attestations_are_accepted_once() {
+    on_every_backend(|backend, store| async move {
+        let usage = UsageRow {
+            lease_id: 7,
+            sequence: 1,
+            node_id: 3,
+            gpu_seconds_milli: 60_000,
+            charged_micros: 35_000,
+            body: "{}".to_string(),
+            signature: "sig".to_string(),
+            received_at: 5,
+        };
+        assert!(store.insert_usage(&usage).await.unwrap());
+        assert!(
+            !store.insert_usage(&usage).await.unwrap(),
+            "{backend}: a usage record counts once"
+        );
+        assert!(
+            store
+                .insert_usage(&UsageRow {
+                    sequence: 2,
+                    ..usage.clone()
+                })
+                .await
+                .unwrap()
+        );
+        assert_eq!(store.usage_total(7).await.unwrap(), 120_000);
+        assert_eq!(store.usage_of_lease(7).await.unwrap().len(), 2);
+        let attestation = store::AttestationRow {
+            lease_id: 7,
+            epoch: 1,
+            node_id: 3,
+            body: "{}".to_string(),
+            signature: "sig".to_string(),
+            received_at: 9,
+        };
+        assert!(store.insert_attestation(&attestation).await.unwrap());
+        assert!(!store.insert_attestation(&attestation).await.unwrap(), "{backend}");
+        assert_eq!(store.attestation(7).await.unwrap(), Some(attestation));
+        store.record_evidence(Some(3), "bad_signature", "x", 1).await.unwrap();
+        assert_eq!(store.evidence(Some(3), 10).await.unwrap().len(), 1);
+        store.record_outcome(3, "lease_ok", 1).await.unwrap();
+        assert_eq!(store.outcomes(3, 0).await.unwrap(), vec![("lease_ok".to_string(), 1)]);
+    })
+    .await;
+}
+
+fn transaction(key: &str, entries: &[(&str, i64)]) -> LedgerTransactionRow {
+    LedgerTransactionRow {
+        key: key.to_string(),
+        kind: "deposit".to_string(),
+        memo: String::new(),
+        at: 1,
+        entries: entries
+            .iter()
+            .map(|(account, amount)| (account.to_string(), *amount))
+            .collect(),
+    }
+}
+
+#[tokio::test]
+async fn ledger_balances_idempotency_and_floors() {
+    on_every_backend(|backend, store| async move {
+        let deposit = transaction("d1", &[("external", -100), ("tenant:1:available", 100)]);
+        let floors = [i64::MIN, 0];
+        assert_eq!(store.apply_ledger(&deposit, &floors).await.unwrap(), LedgerOutcome::New);
+        assert_eq!(
+            store.apply_ledger(&deposit, &floors).await.unwrap(),
+            LedgerOutcome::Duplicate,
+            "{backend}"
+        );
+        assert!(matches!(
+            store
+                .apply_ledger(
+                    &transaction("d1", &[("external", -5), ("tenant:1:available", 5)]),
+                    &floors
+                )
+                .await,
+            Err(StoreError::Conflict(_))
+        ));
+        let overspend = transaction("h1", &[("tenant:1:available", -150), ("escrow:job:1", 150)]);
+        assert!(
+            matches!(
+                store.apply_ledger(&overspend, &[0, 0]).await,
+                Err(StoreError::Refused(_))
+            ),
+            "{backend}: a balance never breaks its floor"
+        );
+        let hold = transaction("h1", &[("tenant:1:available", -60), ("escrow:job:1", 60)]);
+        assert_eq!(
+            store.apply_ledger(&hold, &[0, 0]).await.unwrap(),
+            LedgerOutcome::New,
+            "{backend}: a refused key stays free"
+        );
+        assert!(matches!(
+            store
+                .apply_ledger(&transaction("bad", &[("a", 1), ("b", 2)]), &[0, 0])
+                .await,
+            Err(StoreError::Refused(_))
+        ));
+        assert_eq!(store.balance("tenant:1:available").await.unwrap(), 40);
+        assert_eq!(store.balance("escrow:job:1").await.unwrap(), 60);
+        assert_eq!(store.balance("nobody").await.unwrap(), 0);
+        assert_eq!(store.ledger_totals().await.unwrap(), (0, 0), "{backend}");
+        assert_eq!(
+            store.balances("tenant:").await.unwrap(),
+            vec![("tenant:1:available".to_string(), 40)]
+        );
+        assert_eq!(
+            store.ledger_entries_of("tenant:1:available", 10).await.unwrap().len(),
+            2
+        );
+        assert_eq!(store.ledger_sum("tenant:1:available", "deposit", 0).await.unwrap(), 40);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn leadership() {
+    on_every_backend(|backend, store| async move {
+        let mut first = store.try_lead().await.unwrap().expect("the first replica leads");
+        assert!(first.still_held().await);
+        if backend == "postgres" {
+            assert!(store.try_lead().await.unwrap().is_none(), "only one replica leads");
+            drop(first);
+            // The lock goes with its session; the server notices the closed socket shortly.
+            let mut took_over = false;
+            for _ in 0..50 {
+                if store.try_lead().await.unwrap().is_some() {
+                    took_over = true;
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            assert!(took_over, "another replica takes over when the leader's session ends");
+        }
+    })
+    .await;
+}
