@@ -54,7 +54,9 @@ impl Micros {
     /// The cost of holding `gpu_milli` thousandths of a GPU for `seconds` at this hourly rate,
     /// rounded half up to the micro-dollar.
     pub fn cost_for(self, gpu_milli: u64, seconds: u64) -> Option<Micros> {
-        let numerator = (self.0 as i128) * (gpu_milli as i128) * (seconds as i128);
+        let numerator = (self.0 as i128)
+            .checked_mul(gpu_milli as i128)?
+            .checked_mul(seconds as i128)?;
         let denominator: i128 = 1000 * 3600;
         let rounded = (numerator + denominator / 2).div_euclid(denominator);
         i64::try_from(rounded).ok().map(Micros)

@@ -1,0 +1,548 @@
+//! Fallow's wire types: the JSON bodies of the coordinator's HTTP API, with their OpenAPI
+//! schemas, and their checked conversion into the domain model. Requests refuse unknown fields,
+//! and every limit is a named constant, so bad input gets a precise 400 before it reaches the
+//! matcher or the store.
+//!
+//! Money on the wire: requests give dollars as decimal strings ("2.10", exact, no floats);
+//! responses give integer micro-dollars in fields ending `_micros`.
+
+mod convert;
+mod policy;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+pub use convert::*;
+pub use policy::*;
+
+/// The largest request body the coordinator reads.
+pub const REQUEST_BODY_BYTES_MAX: usize = 256 * 1024;
+/// Replicas of one job.
+pub const REPLICAS_MAX: u32 = 4096;
+/// Arguments and environment entries of a job, and their lengths.
+pub const COMMAND_ARGS_MAX: usize = 256;
+pub const ENV_ENTRIES_MAX: usize = 256;
+pub const TEXT_FIELD_BYTES_MAX: usize = 4096;
+pub const DATASETS_MAX: usize = 64;
+pub const REGIONS_MAX: usize = 32;
+/// The longest a job may ask to run: 30 days.
+pub const RUNTIME_S_MAX: u32 = 30 * 24 * 3600;
+/// The highest price a job may offer, per GPU-hour: $1,000.
+pub const PRICE_MICROS_MAX: i64 = 1_000 * 1_000_000;
+/// Jobs per page in listings.
+pub const PAGE_SIZE_MAX: i64 = 500;
+
+/// Every error the API returns: `{"error": {"code": "...", "message": "..."}}`.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ErrorDetail {
+    /// A stable machine-readable code: `bad_request`, `unauthorized`, `forbidden`, `not_found`,
+    /// `conflict`, `payload_too_large`, `rate_limited`, `unavailable`, `internal`.
+    pub code: String,
+    /// What is wrong, in words a user can act on.
+    pub message: String,
+}
+
+/// A tenant's job as submitted.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct JobRequest {
+    /// A name for people; need not be unique.
+    #[serde(default)]
+    pub name: String,
+    /// Container image (for the Docker executor) or program path (for the process executor).
+    pub image: String,
+    #[serde(default)]
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Whole GPUs per replica. Give one of `gpus`, `gpu_share_milli` or `compute_units`, or none
+    /// for a CPU-only job.
+    #[serde(default)]
+    pub gpus: Option<u8>,
+    /// A share of one GPU, in thousandths (1–999).
+    #[serde(default)]
+    pub gpu_share_milli: Option<u16>,
+    /// Compute units per replica (1.0 = one H100 SXM), as a decimal string, e.g. "2.5".
+    #[serde(default)]
+    pub compute_units: Option<String>,
+    /// GPU models allowed (catalog names, e.g. "H100-SXM5"); empty = any.
+    #[serde(default)]
+    pub gpu_models: Vec<String>,
+    #[serde(default)]
+    pub gpu_memory_mib_min: u32,
+    #[serde(default)]
+    pub cpu_milli: u32,
+    #[serde(default)]
+    pub memory_mib: u64,
+    #[serde(default = "one")]
+    pub replicas: u32,
+    /// Where all replicas must be: node, nvlink, fabric, site, region or any.
+    #[serde(default = "any")]
+    pub topology: String,
+    /// gold, silver or bronze.
+    pub tier: String,
+    /// training, inference, batch or eval.
+    #[serde(default = "batch")]
+    pub class: String,
+    /// The most the tenant pays per GPU-hour, in dollars ("2.50").
+    pub max_price_per_gpu_hour: String,
+    /// May be preempted (bronze always may).
+    #[serde(default)]
+    pub preemptible: bool,
+    /// Regions allowed; empty = any.
+    #[serde(default)]
+    pub regions: Vec<String>,
+    #[serde(default)]
+    pub datasets: Vec<DatasetRequest>,
+    #[serde(default)]
+    pub client: Option<ClientRequest>,
+    /// Lowest node reliability accepted, 0–1.
+    #[serde(default)]
+    pub min_reliability: f64,
+    #[serde(default = "hour")]
+    pub max_runtime_s: u32,
+    #[serde(default)]
+    pub checkpoint_interval_s: u32,
+    /// A directory kept across preemptions and restarts of the job.
+    #[serde(default)]
+    pub checkpoint_dir: Option<String>,
+    /// "none" (default) or "bridge".
+    #[serde(default = "network_none")]
+    pub network: String,
+    /// An idempotency token: submitting again with the same token returns the first job.
+    #[serde(default)]
+    pub client_token: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+fn any() -> String {
+    "any".to_string()
+}
+fn batch() -> String {
+    "batch".to_string()
+}
+fn hour() -> u32 {
+    3600
+}
+fn network_none() -> String {
+    "none".to_string()
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetRequest {
+    pub url: String,
+    /// "blake3:<64 hex>" or "sha256:<64 hex>"; the agent verifies it before the job starts.
+    pub digest: String,
+    pub size_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClientRequest {
+    pub latitude: f64,
+    pub longitude: f64,
+    pub latency_target_ms: u32,
+}
+
+/// A job as the coordinator knows it.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct JobView {
+    pub id: i64,
+    pub tenant_id: i64,
+    pub state: String,
+    pub state_reason: String,
+    pub tier: String,
+    pub submitted_at_us: i64,
+    pub updated_at_us: i64,
+    pub spec: JobRequest,
+    pub leases: Vec<LeaseView>,
+    /// What the job has been billed so far.
+    pub cost_micros: i64,
+    /// Money held in escrow for it now.
+    pub escrow_micros: i64,
+}
+
+/// One replica of a job bound to GPUs of one node.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct LeaseView {
+    pub id: i64,
+    pub job_id: i64,
+    pub replica: i64,
+    pub node_id: i64,
+    /// Indices of the node's GPUs the lease holds.
+    pub gpu_indices: Vec<u8>,
+    /// Thousandths of each of those GPUs.
+    pub gpu_milli: i64,
+    pub cpu_milli: i64,
+    pub memory_mib: i64,
+    /// Fencing token: an agent acts only on a lease's newest epoch.
+    pub epoch: i64,
+    pub state: String,
+    pub price_micros_per_gpu_hour: i64,
+    pub gpu_model: String,
+    pub region: String,
+    pub created_at_us: i64,
+    pub expected_end_us: i64,
+    pub preempt_at_us: Option<i64>,
+    pub ended_at_us: Option<i64>,
+    pub end_reason: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct JobList {
+    pub jobs: Vec<JobView>,
+    /// Pass as `before` for the next page; absent on the last page.
+    pub next_before: Option<i64>,
+}
+
+/// What a job would clear at now.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct QuoteView {
+    pub price_micros_per_gpu_hour: Option<i64>,
+    pub nodes_feasible: u64,
+    pub gpus_feasible: u64,
+    pub nodes_total: u64,
+    /// Why nodes were excluded, in words.
+    pub explanation: String,
+}
+
+/// One node's offer in a search.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct OfferView {
+    pub node_id: i64,
+    pub provider_id: i64,
+    pub gpu_model: String,
+    pub gpu_count: u8,
+    pub gpus_free: u8,
+    pub gpu_memory_mib: u32,
+    pub compute_units: f64,
+    pub region: String,
+    pub site: String,
+    pub reliability: f64,
+    pub price_micros_per_gpu_hour: BTreeMap<String, i64>,
+    pub online: bool,
+    pub simulated: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct OfferList {
+    pub offers: Vec<OfferView>,
+    pub total_matching: u64,
+}
+
+/// A node as its provider registers it.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeRegistration {
+    pub name: String,
+    /// The agent's ed25519 public key, 64 hex characters.
+    pub public_key: String,
+    /// Hardware fingerprint: digest of GPU UUIDs, PCI ids, VBIOS and driver.
+    pub fingerprint: String,
+    pub gpu_model: String,
+    pub gpu_count: u8,
+    pub cpu_milli: u32,
+    pub memory_mib: u64,
+    #[serde(default = "network_default")]
+    pub network_mbit_s: u32,
+    pub region: String,
+    pub site: String,
+    #[serde(default)]
+    pub fabric: String,
+    #[serde(default)]
+    pub nvlink_domain: String,
+    #[serde(default)]
+    pub latitude: f64,
+    #[serde(default)]
+    pub longitude: f64,
+    /// Simulated devices (no real GPU): shown as such everywhere and never billed as real.
+    #[serde(default)]
+    pub simulated: bool,
+    pub policy: PolicyDoc,
+}
+
+fn network_default() -> u32 {
+    10_000
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct NodeView {
+    pub id: i64,
+    pub provider_id: i64,
+    pub name: String,
+    pub public_key: String,
+    pub fingerprint: String,
+    pub fingerprint_changed_at_us: Option<i64>,
+    pub gpu_model: String,
+    pub gpu_count: i64,
+    pub cpu_milli: i64,
+    pub memory_mib: i64,
+    pub region: String,
+    pub site: String,
+    pub fabric: String,
+    pub nvlink_domain: String,
+    pub simulated: bool,
+    pub online: bool,
+    pub last_heartbeat_at_us: Option<i64>,
+    pub reliability: f64,
+    pub policy: PolicyDoc,
+    pub telemetry: Option<serde_json::Value>,
+    pub live_leases: i64,
+    pub earnings_micros: i64,
+}
+
+/// A signed heartbeat from an agent.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    #[serde(default)]
+    pub gpus: Vec<GpuTelemetry>,
+    /// The hardware fingerprint now; a change is flagged.
+    #[serde(default)]
+    pub fingerprint: Option<String>,
+    /// Content digests of the datasets in the node's cache.
+    #[serde(default)]
+    pub datasets: Option<Vec<String>>,
+    /// Over the provider's thermal or power limit: take no new work.
+    #[serde(default)]
+    pub over_limit: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct GpuTelemetry {
+    pub index: u8,
+    #[serde(default)]
+    pub temperature_c: f64,
+    #[serde(default)]
+    pub power_w: f64,
+    #[serde(default)]
+    pub utilisation_pct: f64,
+    #[serde(default)]
+    pub memory_used_mib: u64,
+}
+
+/// What the coordinator answers a heartbeat: the leases the node should be running (newest
+/// epochs); anything else it runs must stop.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct HeartbeatResponse {
+    pub leases: Vec<AgentLease>,
+    pub heartbeat_interval_ms: u64,
+}
+
+/// A lease as the agent receives it: everything needed to run the replica.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct AgentLease {
+    pub lease: LeaseView,
+    pub job: JobRequest,
+}
+
+/// An agent's report of a lease's progress.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseEventRequest {
+    pub epoch: i64,
+    /// staging, running, finished or failed.
+    pub state: String,
+    #[serde(default)]
+    pub exit_code: Option<i64>,
+    #[serde(default)]
+    pub detail: String,
+}
+
+/// A usage record for one interval, signed by the node's key over its body.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SignedUsage {
+    pub body: UsageBody,
+    pub signature_hex: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UsageBody {
+    pub lease_id: i64,
+    pub epoch: i64,
+    pub sequence: i64,
+    pub period_start_ms: i64,
+    pub period_end_ms: i64,
+    /// Thousandths of a GPU × seconds (1000 = one GPU for one second).
+    pub gpu_seconds_milli: i64,
+    pub gpu_utilisation_permille: i64,
+    pub telemetry_digest: String,
+}
+
+/// A completion attestation, signed by the node's key over its body.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SignedAttestation {
+    pub body: AttestationBody,
+    pub signature_hex: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AttestationBody {
+    pub lease_id: i64,
+    pub epoch: i64,
+    pub image_digest: String,
+    pub start_ms: i64,
+    pub end_ms: i64,
+    pub exit_code: i64,
+    pub gpu_seconds_milli: i64,
+    pub telemetry_digest: String,
+    pub log_digest: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct UsageAccepted {
+    /// False when this (lease, sequence) was already recorded: nothing was charged again.
+    pub new: bool,
+    pub charged_micros: i64,
+}
+
+/// Admin: a new account and its first API key (shown once).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NewAccountRequest {
+    /// tenant, provider or admin.
+    pub role: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct AccountView {
+    pub id: i64,
+    pub role: String,
+    pub name: String,
+    pub created_at_us: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct NewAccountResponse {
+    pub account: AccountView,
+    pub api_key: NewKeyResponse,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NewKeyRequest {
+    #[serde(default)]
+    pub label: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct NewKeyResponse {
+    pub key_id: String,
+    /// The key itself: shown once, stored only hashed.
+    pub api_key: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct KeyView {
+    pub key_id: String,
+    pub account_id: i64,
+    pub label: String,
+    pub created_at_us: i64,
+    pub revoked_at_us: Option<i64>,
+}
+
+/// Admin: credit a tenant's balance (the stand-in for a payment provider).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CreditRequest {
+    pub account_id: i64,
+    /// Dollars, e.g. "100.00".
+    pub amount: String,
+    /// Idempotency key: the same key credits once.
+    pub key: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct BalanceView {
+    pub account_id: i64,
+    pub available_micros: i64,
+    pub escrow_micros: i64,
+    pub earnings_micros: i64,
+    pub bond_micros: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct LedgerLine {
+    pub transaction: String,
+    pub kind: String,
+    pub amount_micros: i64,
+    pub at_us: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct StatementView {
+    pub account_id: i64,
+    pub lines: Vec<LedgerLine>,
+}
+
+/// Per node: what its provider sees.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct EarningsView {
+    pub provider_id: i64,
+    pub earnings_micros: i64,
+    pub nodes: Vec<NodeEarnings>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct NodeEarnings {
+    pub node_id: i64,
+    pub name: String,
+    pub earned_micros: i64,
+    pub gpu_hours_sold: f64,
+    /// Share of the node's GPU time sold since it registered, 0–1.
+    pub fill_rate: f64,
+    pub reliability: f64,
+}
+
+/// The market index: recent clearing prices and utilisation per GPU model, region and tier.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct MarketView {
+    pub prices: Vec<PriceBucket>,
+    pub utilisation: Vec<UtilisationRow>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct PriceBucket {
+    pub bucket_start_us: i64,
+    pub gpu_model: String,
+    pub region: String,
+    pub tier: String,
+    pub leases: u64,
+    pub median_price_micros_per_gpu_hour: i64,
+    pub min_price_micros_per_gpu_hour: i64,
+    pub max_price_micros_per_gpu_hour: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct UtilisationRow {
+    pub gpu_model: String,
+    pub region: String,
+    pub gpus_online: u64,
+    pub gpu_milli_used: u64,
+    pub utilisation: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct EvidenceView {
+    pub id: i64,
+    pub node_id: Option<i64>,
+    pub kind: String,
+    pub detail: String,
+    pub at_us: i64,
+}
