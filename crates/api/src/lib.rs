@@ -7,6 +7,7 @@
 //! responses give integer micro-dollars in fields ending `_micros`.
 
 mod convert;
+mod filter;
 mod policy;
 
 use std::collections::BTreeMap;
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 pub use convert::*;
+pub use filter::*;
 pub use policy::*;
 
 /// The largest request body the coordinator reads.

@@ -1,6 +1,7 @@
 //! The `fallow` binary: one executable with subcommands, the way Nomad and Vault ship.
 
 mod cmd_bench;
+mod cmd_server;
 mod cmd_sim;
 
 use std::process::ExitCode;
@@ -19,6 +20,8 @@ enum Command {
     /// Benchmarks of the matching engine (JSON on stdout).
     #[command(subcommand)]
     Bench(cmd_bench::BenchCommand),
+    /// The coordinator: HTTP API, store and reconcile loop.
+    Server(cmd_server::ServerArgs),
     /// Simulations that drive the real matcher in virtual time.
     #[command(subcommand)]
     Sim(cmd_sim::SimCommand),
@@ -28,6 +31,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(command) => cmd_bench::run(command),
+        Command::Server(args) => cmd_server::run(args),
         Command::Sim(command) => cmd_sim::run(command),
     };
     match result {

@@ -6,7 +6,9 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::accounts::is_unique_violation;
-use crate::{JobRecord, JobState, LeaseRecord, LeaseState, NewJob, NewLease, Result, Store, StoreError};
+use crate::{
+    JobRecord, JobState, LeaseRecord, LeaseState, LedgerTransactionRow, NewJob, NewLease, Result, Store, StoreError,
+};
 
 const JOB_COLUMNS: &str = "id, tenant_id, client_token, spec, tier, state, state_reason, submitted_at, updated_at";
 const LEASE_COLUMNS: &str = "id, job_id, replica, node_id, gpu_mask, gpu_milli, cpu_milli, memory_mib, epoch, \
@@ -370,4 +372,143 @@ async fn insert_lease(
         ended_at: None,
         end_reason: String::new(),
     })
+}
+
+/// One placement to commit: the job's leases and, if money must be held, the escrow hold
+/// (a ledger transaction with its floors), written together or not at all.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlacementWrite {
+    pub job_id: i64,
+    pub leases: Vec<NewLease>,
+    pub hold: Option<(LedgerTransactionRow, Vec<i64>)>,
+}
+
+/// How a job ends: its state, the state its live leases end in, and the release of its escrow.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobEnd {
+    pub job_id: i64,
+    pub from: Vec<JobState>,
+    pub to: JobState,
+    pub reason: String,
+    pub leases_to: LeaseState,
+    pub release: Option<(LedgerTransactionRow, Vec<i64>)>,
+}
+
+impl Store {
+    /// Commits many placements in one transaction (group commit). For each, the leases, or
+    /// None when the job was no longer queued. A hold the ledger refuses fails the whole batch
+    /// (nothing is written), so the caller checks balances first.
+    pub async fn commit_placements(&self, batch: &[PlacementWrite], now: i64) -> Result<Vec<Option<Vec<LeaseRecord>>>> {
+        let mut out = Vec::with_capacity(batch.len());
+        if batch.is_empty() {
+            return Ok(out);
+        }
+        let mut transaction = self.pool.begin().await?;
+        for write in batch {
+            let moved = sqlx::query(
+                "UPDATE jobs SET state = 'running', state_reason = '', updated_at = $1 WHERE id = $2 AND state = 'queued'",
+            )
+            .bind(now)
+            .bind(write.job_id)
+            .execute(&mut *transaction)
+            .await?;
+            if moved.rows_affected() != 1 {
+                out.push(None);
+                continue;
+            }
+            if let Some((hold, floors)) = &write.hold {
+                crate::ledger::apply_ledger_in(&mut transaction, hold, floors).await?;
+            }
+            let mut leases = Vec::with_capacity(write.leases.len());
+            for lease in &write.leases {
+                leases.push(insert_lease(&mut transaction, write.job_id, lease, now).await?);
+            }
+            out.push(Some(leases));
+        }
+        transaction.commit().await?;
+        Ok(out)
+    }
+
+    /// Ends a job: moves it from one of `end.from` to `end.to`, ends its live leases (epoch
+    /// bumped, so agents stop them) and releases its escrow, in one transaction. Returns the
+    /// leases it ended, or None when the job was not in one of `end.from`.
+    pub async fn end_job(&self, end: &JobEnd, now: i64) -> Result<Option<Vec<LeaseRecord>>> {
+        let mut transaction = self.pool.begin().await?;
+        let query = format!(
+            "UPDATE jobs SET state = $1, state_reason = $2, updated_at = $3 WHERE id = $4 AND state IN ({})",
+            placeholders(5, end.from.len())
+        );
+        let mut update = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(end.to.as_str())
+            .bind(&end.reason)
+            .bind(now)
+            .bind(end.job_id);
+        for state in &end.from {
+            update = update.bind(state.as_str());
+        }
+        if update.execute(&mut *transaction).await?.rows_affected() != 1 {
+            transaction.rollback().await?;
+            return Ok(None);
+        }
+        let query = format!(
+            "UPDATE leases SET state = $1, end_reason = $2, ended_at = $3, epoch = epoch + 1 \
+             WHERE job_id = $4 AND state IN ('pending', 'staging', 'running') RETURNING {LEASE_COLUMNS}"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(end.leases_to.as_str())
+            .bind(&end.reason)
+            .bind(now)
+            .bind(end.job_id)
+            .fetch_all(&mut *transaction)
+            .await?;
+        let ended = rows.iter().map(lease_from).collect::<Result<Vec<_>>>()?;
+        if let Some((release, floors)) = &end.release {
+            match crate::ledger::apply_ledger_in(&mut transaction, release, floors).await {
+                Ok(_) => {}
+                Err(StoreError::Conflict(_)) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        transaction.commit().await?;
+        Ok(Some(ended))
+    }
+
+    /// Puts a running job whose leases all ended (lost or preempted) back in the queue.
+    pub async fn requeue_job(&self, job_id: i64, reason: &str, now: i64) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE jobs SET state = 'queued', state_reason = $1, updated_at = $2 WHERE id = $3 AND state = 'running' \
+             AND NOT EXISTS (SELECT 1 FROM leases WHERE job_id = $3 AND state IN ('pending', 'staging', 'running'))",
+        )
+        .bind(reason)
+        .bind(now)
+        .bind(job_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Live leases whose preemption time has come.
+    pub async fn leases_due(&self, now: i64) -> Result<Vec<LeaseRecord>> {
+        let query = format!(
+            "SELECT {LEASE_COLUMNS} FROM leases WHERE preempt_at IS NOT NULL AND preempt_at <= $1 \
+             AND state IN ('pending', 'staging', 'running') ORDER BY id"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(now)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(lease_from).collect()
+    }
+}
+
+impl Store {
+    /// Every lease a node ever held, in id order.
+    pub async fn leases_of_node(&self, node_id: i64) -> Result<Vec<LeaseRecord>> {
+        let query = format!("SELECT {LEASE_COLUMNS} FROM leases WHERE node_id = $1 ORDER BY id");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(node_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(lease_from).collect()
+    }
 }

@@ -28,74 +28,18 @@ impl Store {
     /// `Duplicate`; with other entries, a `Conflict`. A floor that would be broken is `Refused`
     /// and nothing is written.
     pub async fn apply_ledger(&self, transaction: &LedgerTransactionRow, floors: &[i64]) -> Result<LedgerOutcome> {
-        assert_eq!(floors.len(), transaction.entries.len(), "one floor per entry");
-        let sum: i128 = transaction.entries.iter().map(|(_, amount)| i128::from(*amount)).sum();
-        if sum != 0 {
-            return Err(StoreError::Refused(format!(
-                "ledger transaction {} does not balance (sum {sum})",
-                transaction.key
-            )));
-        }
-        let encoded = encode_entries(&transaction.entries);
         let mut db = self.pool.begin().await?;
-        let inserted = sqlx::query(
-            "INSERT INTO ledger_transactions (key, kind, memo, entries, at) VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (key) DO NOTHING",
-        )
-        .bind(&transaction.key)
-        .bind(&transaction.kind)
-        .bind(&transaction.memo)
-        .bind(&encoded)
-        .bind(transaction.at)
-        .execute(&mut *db)
-        .await?;
-        if inserted.rows_affected() == 0 {
-            let row = sqlx::query("SELECT entries FROM ledger_transactions WHERE key = $1")
-                .bind(&transaction.key)
-                .fetch_one(&mut *db)
-                .await?;
-            let stored: String = row.try_get("entries")?;
-            db.rollback().await?;
-            return if stored == encoded {
-                Ok(LedgerOutcome::Duplicate)
-            } else {
-                Err(StoreError::Conflict(format!(
-                    "ledger key {} with different entries",
-                    transaction.key
-                )))
-            };
-        }
-        for ((account, amount), floor) in transaction.entries.iter().zip(floors) {
-            sqlx::query(
-                "INSERT INTO ledger_balances (account, balance) VALUES ($1, 0) ON CONFLICT (account) DO NOTHING",
-            )
-            .bind(account)
-            .execute(&mut *db)
-            .await?;
-            let updated = sqlx::query(
-                "UPDATE ledger_balances SET balance = balance + $1 WHERE account = $2 AND balance + $1 >= $3",
-            )
-            .bind(*amount)
-            .bind(account)
-            .bind(*floor)
-            .execute(&mut *db)
-            .await?;
-            if updated.rows_affected() == 0 {
-                db.rollback().await?;
-                return Err(StoreError::Refused(format!(
-                    "account {account} would go below its floor of {floor} micro-dollars"
-                )));
+        let outcome = apply_ledger_in(&mut db, transaction, floors).await;
+        match outcome {
+            Ok(LedgerOutcome::New) => {
+                db.commit().await?;
+                Ok(LedgerOutcome::New)
             }
-            sqlx::query("INSERT INTO ledger_entries (tx_key, account, amount, at) VALUES ($1, $2, $3, $4)")
-                .bind(&transaction.key)
-                .bind(account)
-                .bind(*amount)
-                .bind(transaction.at)
-                .execute(&mut *db)
-                .await?;
+            other => {
+                db.rollback().await?;
+                other
+            }
         }
-        db.commit().await?;
-        Ok(LedgerOutcome::New)
     }
 
     /// An account's balance; zero when it has none yet.
@@ -169,4 +113,75 @@ impl Store {
         .await?;
         Ok(row.try_get("total")?)
     }
+}
+
+/// Applies a ledger transaction inside a database transaction the caller commits: with a
+/// placement, the escrow hold lands or fails together with the leases. On `Duplicate` or an
+/// error the caller must roll back.
+pub(crate) async fn apply_ledger_in(
+    db: &mut sqlx::Transaction<'_, sqlx::Any>,
+    transaction: &LedgerTransactionRow,
+    floors: &[i64],
+) -> Result<LedgerOutcome> {
+    assert_eq!(floors.len(), transaction.entries.len(), "one floor per entry");
+    let sum: i128 = transaction.entries.iter().map(|(_, amount)| i128::from(*amount)).sum();
+    if sum != 0 {
+        return Err(StoreError::Refused(format!(
+            "ledger transaction {} does not balance (sum {sum})",
+            transaction.key
+        )));
+    }
+    let encoded = encode_entries(&transaction.entries);
+    let inserted = sqlx::query(
+        "INSERT INTO ledger_transactions (key, kind, memo, entries, at) VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (key) DO NOTHING",
+    )
+    .bind(&transaction.key)
+    .bind(&transaction.kind)
+    .bind(&transaction.memo)
+    .bind(&encoded)
+    .bind(transaction.at)
+    .execute(&mut **db)
+    .await?;
+    if inserted.rows_affected() == 0 {
+        let row = sqlx::query("SELECT entries FROM ledger_transactions WHERE key = $1")
+            .bind(&transaction.key)
+            .fetch_one(&mut **db)
+            .await?;
+        let stored: String = row.try_get("entries")?;
+        return if stored == encoded {
+            Ok(LedgerOutcome::Duplicate)
+        } else {
+            Err(StoreError::Conflict(format!(
+                "ledger key {} with different entries",
+                transaction.key
+            )))
+        };
+    }
+    for ((account, amount), floor) in transaction.entries.iter().zip(floors) {
+        sqlx::query("INSERT INTO ledger_balances (account, balance) VALUES ($1, 0) ON CONFLICT (account) DO NOTHING")
+            .bind(account)
+            .execute(&mut **db)
+            .await?;
+        let updated =
+            sqlx::query("UPDATE ledger_balances SET balance = balance + $1 WHERE account = $2 AND balance + $1 >= $3")
+                .bind(*amount)
+                .bind(account)
+                .bind(*floor)
+                .execute(&mut **db)
+                .await?;
+        if updated.rows_affected() == 0 {
+            return Err(StoreError::Refused(format!(
+                "account {account} would go below its floor of {floor} micro-dollars"
+            )));
+        }
+        sqlx::query("INSERT INTO ledger_entries (tx_key, account, amount, at) VALUES ($1, $2, $3, $4)")
+            .bind(&transaction.key)
+            .bind(account)
+            .bind(*amount)
+            .bind(transaction.at)
+            .execute(&mut **db)
+            .await?;
+    }
+    Ok(LedgerOutcome::New)
 }

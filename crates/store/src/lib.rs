@@ -15,6 +15,7 @@ use std::time::Duration;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyConnection, AnyPool, Connection, Row};
 
+pub use jobs::{JobEnd, PlacementWrite};
 pub use ledger::LedgerOutcome;
 pub use rows::*;
 

@@ -227,3 +227,31 @@ impl Store {
             .collect()
     }
 }
+
+impl Store {
+    /// Per node, how many good outcomes and faults it has: (node, ok, faults).
+    pub async fn outcome_counts(&self) -> Result<Vec<(i64, i64, i64)>> {
+        let rows = sqlx::query(
+            "SELECT node_id, CAST(SUM(CASE WHEN outcome = 'ok' THEN 1 ELSE 0 END) AS BIGINT) AS ok, \
+             CAST(SUM(CASE WHEN outcome = 'ok' THEN 0 ELSE 1 END) AS BIGINT) AS faults \
+             FROM reputation_events GROUP BY node_id ORDER BY node_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get("node_id")?, row.try_get("ok")?, row.try_get("faults")?)))
+            .collect()
+    }
+
+    /// Leases that ended at or after `since` (µs), oldest first: how the reconcile leader
+    /// learns of ends reported to other replicas.
+    pub async fn leases_ended_since(&self, since: i64) -> Result<Vec<(i64, i64)>> {
+        let rows = sqlx::query("SELECT id, ended_at FROM leases WHERE ended_at >= $1 ORDER BY ended_at, id")
+            .bind(since)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get("id")?, row.try_get("ended_at")?)))
+            .collect()
+    }
+}

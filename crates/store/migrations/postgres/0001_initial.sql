@@ -82,6 +82,7 @@ CREATE INDEX leases_node ON leases(node_id, state);
 CREATE INDEX leases_job ON leases(job_id);
 CREATE INDEX leases_state ON leases(state);
 CREATE INDEX leases_created ON leases(created_at);
+CREATE INDEX leases_ended ON leases(ended_at);
 CREATE TABLE lease_events (
     id BIGSERIAL PRIMARY KEY,
     lease_id BIGINT NOT NULL,

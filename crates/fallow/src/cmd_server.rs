@@ -1,0 +1,64 @@
+//! `fallow server`: the coordinator. SQLite in the data directory by default; a postgres:// URL
+//! for several replicas on one database.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+
+#[derive(Args)]
+pub struct ServerArgs {
+    /// sqlite://PATH or postgres://USER@HOST:PORT/DB (default: sqlite in the data directory).
+    #[arg(long, env = "FALLOW_DATABASE")]
+    database: Option<String>,
+    /// Address to serve the API on.
+    #[arg(long, default_value = "127.0.0.1:7070", env = "FALLOW_LISTEN")]
+    listen: String,
+    /// Where the coordinator keeps its files (the SQLite database, admin.key).
+    #[arg(long, default_value = "fallow-data", env = "FALLOW_DATA_DIR")]
+    data_dir: PathBuf,
+    /// A node silent this long loses its leases.
+    #[arg(long, default_value_t = 45_000)]
+    heartbeat_timeout_ms: u64,
+    /// How often agents should heartbeat.
+    #[arg(long, default_value_t = 10_000)]
+    heartbeat_interval_ms: u64,
+}
+
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FALLOW_LOG").unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .json()
+        .try_init();
+}
+
+pub fn run(args: ServerArgs) -> anyhow::Result<()> {
+    init_logging();
+    let database = args
+        .database
+        .unwrap_or_else(|| format!("sqlite://{}", args.data_dir.join("fallow.db").display()));
+    let config = server::Config {
+        listen: args.listen,
+        data_dir: args.data_dir,
+        heartbeat_timeout_ms: args.heartbeat_timeout_ms,
+        heartbeat_interval_ms: args.heartbeat_interval_ms,
+        ..server::Config::default()
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let running = server::start(&database, config)
+            .await
+            .map_err(|error| anyhow::anyhow!("{error}"))
+            .with_context(|| format!("starting the coordinator on {database}"))?;
+        eprintln!(
+            "fallow: coordinator listening on http://{} (API explorer at /v1/explorer)",
+            running.addr
+        );
+        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+        eprintln!("fallow: stopping");
+        running.stop().await;
+        Ok(())
+    })
+}

@@ -1,0 +1,105 @@
+//! Group commit: requests hand their writes to one writer task, which takes everything queued
+//! (up to a named maximum) and writes it in one database transaction, then answers each
+//! request. One fsync covers many requests; under light load a batch is a single write.
+
+use std::future::Future;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::ApiError;
+
+/// Writes waiting for the writer; a full queue refuses new work with a 503 instead of growing.
+pub const BATCH_QUEUE_MAX: usize = 65_536;
+
+type Reply<R> = oneshot::Sender<Result<R, String>>;
+
+pub struct Batcher<T, R> {
+    queue: mpsc::Sender<(T, Reply<R>)>,
+    what: &'static str,
+}
+
+impl<T, R> Clone for Batcher<T, R> {
+    fn clone(&self) -> Self {
+        Batcher {
+            queue: self.queue.clone(),
+            what: self.what,
+        }
+    }
+}
+
+impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
+    /// Starts the writer. `flush` writes a batch and returns one result per item, in order.
+    pub fn start<F, Fut>(what: &'static str, batch_max: usize, flush: F) -> Batcher<T, R>
+    where
+        F: Fn(Vec<T>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Vec<R>, String>> + Send,
+    {
+        let (queue, mut receiver) = mpsc::channel::<(T, Reply<R>)>(BATCH_QUEUE_MAX);
+        tokio::spawn(async move {
+            let mut items = Vec::with_capacity(batch_max);
+            let mut replies = Vec::with_capacity(batch_max);
+            while let Some((item, reply)) = receiver.recv().await {
+                items.push(item);
+                replies.push(reply);
+                while items.len() < batch_max {
+                    match receiver.try_recv() {
+                        Ok((item, reply)) => {
+                            items.push(item);
+                            replies.push(reply);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let count = items.len();
+                match flush(std::mem::take(&mut items)).await {
+                    Ok(results) if results.len() == count => {
+                        for (reply, result) in replies.drain(..).zip(results) {
+                            let _ = reply.send(Ok(result));
+                        }
+                    }
+                    Ok(results) => {
+                        let message = format!(
+                            "{what}: the writer returned {} results for {count} items",
+                            results.len()
+                        );
+                        tracing::error!("{message}");
+                        for reply in replies.drain(..) {
+                            let _ = reply.send(Err(message.clone()));
+                        }
+                    }
+                    Err(message) => {
+                        tracing::warn!(what, %message, count, "batch write failed");
+                        for reply in replies.drain(..) {
+                            let _ = reply.send(Err(message.clone()));
+                        }
+                    }
+                }
+            }
+        });
+        Batcher { queue, what }
+    }
+
+    /// Queues one write and waits until its batch is committed.
+    pub async fn submit(&self, item: T) -> Result<R, ApiError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .try_send((item, reply))
+            .map_err(|_| ApiError::Unavailable(format!("the {} writer is saturated; retry shortly", self.what)))?;
+        match answer.await {
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(message)) => Err(ApiError::Unavailable(format!("{}: {message}; retry", self.what))),
+            Err(_) => Err(ApiError::Unavailable(format!(
+                "the {} writer stopped; retry",
+                self.what
+            ))),
+        }
+    }
+
+    /// Queues one write without waiting for it (for writes whose loss in a crash is harmless).
+    pub fn submit_detached(&self, item: T) -> Result<(), ApiError> {
+        let (reply, _) = oneshot::channel();
+        self.queue
+            .try_send((item, reply))
+            .map_err(|_| ApiError::Unavailable(format!("the {} writer is saturated; retry shortly", self.what)))
+    }
+}

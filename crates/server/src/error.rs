@@ -1,0 +1,98 @@
+//! The API's errors: each a status code and a JSON body `{"error": {"code", "message"}}` that
+//! says what is wrong. Nothing reaches the client as a bare 500 without a message.
+
+use api::{ErrorBody, ErrorDetail, InputError};
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use store::StoreError;
+use trust::TrustError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    PaymentRequired(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("too many requests: at most {0} per second; retry after a pause")]
+    RateLimited(u32),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn parts(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::PaymentRequired(_) => (StatusCode::PAYMENT_REQUIRED, "payment_required"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            ApiError::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+            ApiError::RateLimited(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.parts();
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        }
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: code.to_string(),
+                message: self.to_string(),
+            },
+        };
+        (status, Json(body)).into_response()
+    }
+}
+
+impl From<InputError> for ApiError {
+    fn from(error: InputError) -> ApiError {
+        ApiError::BadRequest(error.0)
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> ApiError {
+        match error {
+            StoreError::Conflict(what) => ApiError::Conflict(format!("{what} already exists")),
+            StoreError::NotFound(what) => ApiError::NotFound(format!("{what} not found")),
+            StoreError::Refused(why) => ApiError::Conflict(why),
+            other => ApiError::Unavailable(format!("the database could not serve this request ({other}); retry")),
+        }
+    }
+}
+
+impl From<TrustError> for ApiError {
+    fn from(error: TrustError) -> ApiError {
+        match error {
+            TrustError::NonceCacheFull => ApiError::Unavailable(error.to_string()),
+            TrustError::BadHeader { .. } | TrustError::BadKey(_) => ApiError::BadRequest(error.to_string()),
+            _ => ApiError::Unauthorized(error.to_string()),
+        }
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,155 @@
+//! Request extractors: JSON bodies that refuse bad input with a precise 400, the API-key
+//! caller, and agents' signed requests (signature, clock skew, nonce replay, rate limit).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+use crate::state::{AppState, Caller, Metrics, now_us};
+
+/// A JSON request body, read whole (the body limit layer turns an oversized one into a 413).
+pub struct JsonBody<T>(pub T);
+
+async fn read_body(request: Request) -> Result<Bytes, ApiError> {
+    Bytes::from_request(request, &()).await.map_err(|rejection| {
+        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge(format!(
+                "request body is larger than {} bytes",
+                api::REQUEST_BODY_BYTES_MAX
+            ))
+        } else {
+            ApiError::BadRequest(format!("could not read the request body: {rejection}"))
+        }
+    })
+}
+
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|error| ApiError::BadRequest(format!("invalid JSON body: {error}")))
+}
+
+fn check_content_type(parts: &Parts) -> Result<(), ApiError> {
+    match parts.headers.get(axum::http::header::CONTENT_TYPE) {
+        None => Ok(()),
+        Some(value) => {
+            let text = value.to_str().unwrap_or("");
+            if text.starts_with("application/json") {
+                Ok(())
+            } else {
+                Err(ApiError::UnsupportedMediaType(format!(
+                    "content-type {text:?}: send application/json"
+                )))
+            }
+        }
+    }
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, _state: &S) -> Result<Self, ApiError> {
+        let (parts, body) = request.into_parts();
+        check_content_type(&parts)?;
+        let bytes = read_body(Request::from_parts(parts, body)).await?;
+        Ok(JsonBody(parse_json(&bytes)?))
+    }
+}
+
+/// The caller of a tenant / provider / admin endpoint, from `Authorization: Bearer <API key>`.
+pub struct Auth(pub Caller);
+
+impl FromRequestParts<Arc<AppState>> for Auth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let header = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .ok_or_else(|| ApiError::Unauthorized("send Authorization: Bearer <API key>".into()))?;
+        let text = header
+            .to_str()
+            .map_err(|_| ApiError::Unauthorized("Authorization header is not text".into()))?;
+        let key = text
+            .strip_prefix("Bearer ")
+            .ok_or_else(|| ApiError::Unauthorized("Authorization must be \"Bearer <API key>\"".into()))?;
+        Ok(Auth(state.authenticate(key.trim()).await?))
+    }
+}
+
+/// A request signed by a node's key: verified, fresh, never seen before (checked against this
+/// replica's memory and, through a group commit, against every replica's record).
+pub struct Signed<T> {
+    pub node_id: i64,
+    pub provider_id: i64,
+    pub body: T,
+}
+
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for Signed<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let (parts, body) = request.into_parts();
+        check_content_type(&parts)?;
+        let headers = trust::SignedHeaders::from_headers(|name| parts.headers.get(name).and_then(|v| v.to_str().ok()))?;
+        let method = parts.method.as_str().to_string();
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path().to_string(), |path| path.as_str().to_string());
+        let bytes = read_body(Request::from_parts(parts, body)).await?;
+        let node_id = headers.node_id;
+        let identity = state.node_identity(node_id).await?;
+        let now_ms = now_us() / 1000;
+        if let Err(error) = trust::verify_request(
+            &identity.key,
+            node_id,
+            &method,
+            &path,
+            &bytes,
+            &headers,
+            now_ms,
+            state.config.max_skew_ms,
+        ) {
+            Metrics::add(&state.metrics.signatures_refused, 1);
+            if matches!(error, trust::TrustError::BadSignature) {
+                let _ = state
+                    .store
+                    .record_evidence(Some(node_id), "bad_signature", &format!("{method} {path}"), now_us())
+                    .await;
+            }
+            return Err(error.into());
+        }
+        state.rate_limit(true, node_id)?;
+        state
+            .nonce_cache
+            .lock()
+            .expect("nonce cache lock")
+            .check_and_remember(node_id, &headers.nonce, headers.timestamp_ms, now_ms)
+            .inspect_err(|_| Metrics::add(&state.metrics.signatures_refused, 1))?;
+        let fresh = state
+            .nonces
+            .submit((node_id, headers.nonce.clone(), headers.timestamp_ms * 1000))
+            .await?;
+        if !fresh {
+            Metrics::add(&state.metrics.signatures_refused, 1);
+            let _ = state
+                .store
+                .record_evidence(Some(node_id), "replayed_nonce", &format!("{method} {path}"), now_us())
+                .await;
+            return Err(trust::TrustError::Replayed.into());
+        }
+        let body = if bytes.is_empty() {
+            parse_json(b"null").or_else(|_| parse_json(b"{}"))?
+        } else {
+            parse_json(&bytes)?
+        };
+        Ok(Signed {
+            node_id,
+            provider_id: identity.provider_id,
+            body,
+        })
+    }
+}

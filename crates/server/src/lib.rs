@@ -1,0 +1,167 @@
+//! The coordinator: the HTTP API both sides talk to, the durable state behind it, and the
+//! reconcile loop that turns queued jobs into leases with the pure matcher. Several replicas may
+//! share one PostgreSQL database: all serve the API, one (holding an advisory lock) reconciles.
+
+mod batch;
+mod error;
+mod extract;
+mod metrics;
+mod money;
+mod openapi;
+pub mod reconcile;
+mod routes;
+mod state;
+mod view;
+mod views;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post, put};
+use store::{Role, Store};
+
+pub use error::ApiError;
+pub use state::{AppState, Config, now_us};
+
+/// The file in the data directory that holds the first admin's API key.
+pub const ADMIN_KEY_FILE: &str = "admin.key";
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/health", get(routes::health))
+        .route("/v1/openapi.json", get(openapi::document))
+        .route("/v1/explorer", get(openapi::explorer))
+        .route("/v1/market", get(routes::market))
+        .route("/metrics", get(metrics::render))
+        .route("/v1/jobs", post(routes::submit_job).get(routes::list_jobs))
+        .route("/v1/jobs/quote", post(routes::quote_job))
+        .route("/v1/jobs/{id}", get(routes::show_job))
+        .route("/v1/jobs/{id}/cancel", post(routes::cancel_job))
+        .route("/v1/offers", get(routes::search_offers))
+        .route("/v1/balance", get(routes::balance))
+        .route("/v1/statement", get(routes::statement))
+        .route("/v1/nodes", post(routes::register_node).get(routes::list_nodes))
+        .route("/v1/nodes/{id}", get(routes::show_node))
+        .route("/v1/nodes/{id}/policy", put(routes::set_policy))
+        .route("/v1/earnings", get(routes::earnings))
+        .route("/v1/agent/heartbeat", post(routes::heartbeat))
+        .route("/v1/agent/leases", get(routes::poll_leases))
+        .route("/v1/agent/leases/{id}/events", post(routes::lease_event))
+        .route("/v1/agent/usage", post(routes::report_usage))
+        .route("/v1/agent/attestations", post(routes::attest))
+        .route(
+            "/v1/admin/accounts",
+            post(routes::create_account).get(routes::list_accounts),
+        )
+        .route(
+            "/v1/accounts/{id}/keys",
+            post(routes::create_key).get(routes::list_keys),
+        )
+        .route("/v1/keys/{key_id}/revoke", post(routes::revoke_key))
+        .route("/v1/keys/rotate", post(routes::rotate_key))
+        .route("/v1/admin/credits", post(routes::credit))
+        .route("/v1/admin/evidence", get(routes::evidence))
+        .fallback(|| async { ApiError::NotFound("no such endpoint; see /v1/openapi.json".into()) })
+        .layer(DefaultBodyLimit::max(api::REQUEST_BODY_BYTES_MAX))
+        .with_state(state)
+}
+
+/// Creates the first admin account and writes its key to `DATA_DIR/admin.key` (mode 0600),
+/// once: later starts find the account and leave the file alone.
+pub async fn bootstrap_admin(store: &Store, data_dir: &Path) -> anyhow_like::Result<Option<String>> {
+    if store.account_by_name("admin").await?.is_some() {
+        return Ok(None);
+    }
+    let account = store.create_account(Role::Admin, "admin", now_us()).await?;
+    let key = trust::generate_api_key();
+    store
+        .insert_api_key(&store::ApiKeyRecord {
+            key_id: key.key_id.clone(),
+            account_id: account.id,
+            secret_hash: key.secret_hash.clone(),
+            label: "bootstrap".to_string(),
+            created_at: now_us(),
+            revoked_at: None,
+        })
+        .await?;
+    let path = data_dir.join(ADMIN_KEY_FILE);
+    write_secret(&path, &format!("{}\n", key.display))?;
+    Ok(Some(path.display().to_string()))
+}
+
+/// Writes a file only its owner can read.
+pub fn write_secret(path: &Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(contents.as_bytes())?;
+    file.sync_all()
+}
+
+/// Errors of starting the server, as text for the binary to print.
+pub mod anyhow_like {
+    pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+}
+
+/// A running coordinator.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub state: Arc<AppState>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops serving and reconciling, and waits for both.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        self.state.store.close().await;
+    }
+}
+
+/// Opens the store, bootstraps the admin, binds, and starts the API and the reconcile loop.
+pub async fn start(database_url: &str, config: Config) -> anyhow_like::Result<Running> {
+    std::fs::create_dir_all(&config.data_dir)?;
+    let store = Store::open(database_url).await?;
+    if let Some(path) = bootstrap_admin(&store, &config.data_dir).await? {
+        tracing::info!(
+            path,
+            "created the admin account; its API key is in this file (mode 0600)"
+        );
+        eprintln!("fallow: created the admin account; its API key is in {path}");
+    }
+    let listener = tokio::net::TcpListener::bind(&config.listen).await?;
+    let addr = listener.local_addr()?;
+    let state = Arc::new(AppState::new(store, config));
+    let (shutdown, watch) = tokio::sync::watch::channel(false);
+    let mut serve_watch = watch.clone();
+    let app = router(state.clone());
+    let serve = tokio::spawn(async move {
+        let result = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = serve_watch.wait_for(|stop| *stop).await;
+            })
+            .await;
+        if let Err(error) = result {
+            tracing::error!(%error, "the API server stopped");
+        }
+    });
+    let reconcile = tokio::spawn(reconcile::run(state.clone(), watch));
+    Ok(Running {
+        addr,
+        state,
+        shutdown,
+        tasks: vec![serve, reconcile],
+    })
+}

@@ -1,0 +1,364 @@
+//! The OpenAPI document at `/v1/openapi.json` and a small API explorer page served from the
+//! binary (no CDN, works offline). Schemas come from the wire types' derives; the paths are one
+//! table here, next to the router, so the two are read together.
+
+use axum::Json;
+use axum::response::Html;
+use serde_json::{Value, json};
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Fallow coordinator API",
+        description = "A market and scheduler for idle GPU time."
+    ),
+    components(schemas(
+        api::ErrorBody,
+        api::ErrorDetail,
+        api::JobRequest,
+        api::DatasetRequest,
+        api::ClientRequest,
+        api::JobView,
+        api::LeaseView,
+        api::JobList,
+        api::QuoteView,
+        api::OfferView,
+        api::OfferList,
+        api::NodeRegistration,
+        api::NodeView,
+        api::PolicyDoc,
+        api::PriceRuleDoc,
+        api::WindowDoc,
+        api::HeartbeatRequest,
+        api::GpuTelemetry,
+        api::HeartbeatResponse,
+        api::AgentLease,
+        api::LeaseEventRequest,
+        api::SignedUsage,
+        api::UsageBody,
+        api::SignedAttestation,
+        api::AttestationBody,
+        api::UsageAccepted,
+        api::NewAccountRequest,
+        api::AccountView,
+        api::NewAccountResponse,
+        api::NewKeyRequest,
+        api::NewKeyResponse,
+        api::KeyView,
+        api::CreditRequest,
+        api::BalanceView,
+        api::LedgerLine,
+        api::StatementView,
+        api::EarningsView,
+        api::NodeEarnings,
+        api::MarketView,
+        api::PriceBucket,
+        api::UtilisationRow,
+        api::EvidenceView,
+        crate::routes::LeaseSet
+    ))
+)]
+struct Schemas;
+
+/// One operation: method, path, who may call, summary, request schema, response schema, success status.
+type Operation = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    Option<&'static str>,
+    u16,
+);
+
+const PATHS: &[Operation] = &[
+    ("get", "/v1/health", "anyone", "Liveness", None, None, 200),
+    (
+        "get",
+        "/v1/market",
+        "anyone",
+        "Clearing prices per GPU model, region and tier over time; utilisation now",
+        None,
+        Some("MarketView"),
+        200,
+    ),
+    (
+        "post",
+        "/v1/jobs",
+        "tenant",
+        "Submit a job (idempotent with client_token)",
+        Some("JobRequest"),
+        Some("JobView"),
+        201,
+    ),
+    (
+        "get",
+        "/v1/jobs",
+        "tenant",
+        "List your jobs, newest first (?before=&limit=)",
+        None,
+        Some("JobList"),
+        200,
+    ),
+    (
+        "post",
+        "/v1/jobs/quote",
+        "tenant",
+        "What a job would clear at now, and how many GPUs could take it",
+        Some("JobRequest"),
+        Some("QuoteView"),
+        200,
+    ),
+    (
+        "get",
+        "/v1/jobs/{id}",
+        "tenant",
+        "One of your jobs with its leases and cost",
+        None,
+        Some("JobView"),
+        200,
+    ),
+    (
+        "post",
+        "/v1/jobs/{id}/cancel",
+        "tenant",
+        "Cancel a job; its leases stop and its escrow is released",
+        None,
+        Some("JobView"),
+        200,
+    ),
+    (
+        "get",
+        "/v1/offers",
+        "any key",
+        "Search offers with a filter (?filter=gpu_model=H100 price<2.5&limit=)",
+        None,
+        Some("OfferList"),
+        200,
+    ),
+    (
+        "get",
+        "/v1/balance",
+        "any key",
+        "Your balances (admins: ?account_id=)",
+        None,
+        Some("BalanceView"),
+        200,
+    ),
+    (
+        "get",
+        "/v1/statement",
+        "any key",
+        "Your ledger lines: usage, holds, credits, earnings",
+        None,
+        Some("StatementView"),
+        200,
+    ),
+    (
+        "post",
+        "/v1/nodes",
+        "provider",
+        "Register a node with its agent's public key",
+        Some("NodeRegistration"),
+        Some("NodeView"),
+        201,
+    ),
+    ("get", "/v1/nodes", "provider", "Your nodes", None, None, 200),
+    (
+        "get",
+        "/v1/nodes/{id}",
+        "provider",
+        "One of your nodes, with reliability and telemetry",
+        None,
+        Some("NodeView"),
+        200,
+    ),
+    (
+        "put",
+        "/v1/nodes/{id}/policy",
+        "provider",
+        "Set a node's prices, schedule, calendar and limits",
+        Some("PolicyDoc"),
+        Some("NodeView"),
+        200,
+    ),
+    (
+        "get",
+        "/v1/earnings",
+        "provider",
+        "Earnings, fill rate and reliability per node",
+        None,
+        Some("EarningsView"),
+        200,
+    ),
+    (
+        "post",
+        "/v1/agent/heartbeat",
+        "agent (signed)",
+        "Heartbeat with telemetry; answers the leases to run",
+        Some("HeartbeatRequest"),
+        Some("HeartbeatResponse"),
+        200,
+    ),
+    (
+        "get",
+        "/v1/agent/leases",
+        "agent (signed)",
+        "Long-poll the node's leases (?wait_ms=&known=)",
+        None,
+        Some("LeaseSet"),
+        200,
+    ),
+    (
+        "post",
+        "/v1/agent/leases/{id}/events",
+        "agent (signed)",
+        "Report a lease's state (fenced by epoch)",
+        Some("LeaseEventRequest"),
+        Some("LeaseView"),
+        200,
+    ),
+    (
+        "post",
+        "/v1/agent/usage",
+        "agent (signed)",
+        "A signed usage record (accepted once)",
+        Some("SignedUsage"),
+        Some("UsageAccepted"),
+        200,
+    ),
+    (
+        "post",
+        "/v1/agent/attestations",
+        "agent (signed)",
+        "A signed completion attestation",
+        Some("SignedAttestation"),
+        Some("LeaseView"),
+        200,
+    ),
+    (
+        "post",
+        "/v1/admin/accounts",
+        "admin",
+        "Create an account and its first API key",
+        Some("NewAccountRequest"),
+        Some("NewAccountResponse"),
+        201,
+    ),
+    ("get", "/v1/admin/accounts", "admin", "List accounts", None, None, 200),
+    (
+        "post",
+        "/v1/accounts/{id}/keys",
+        "admin or owner",
+        "Create another API key",
+        Some("NewKeyRequest"),
+        Some("NewKeyResponse"),
+        201,
+    ),
+    (
+        "get",
+        "/v1/accounts/{id}/keys",
+        "admin or owner",
+        "List an account's keys (never the secrets)",
+        None,
+        None,
+        200,
+    ),
+    (
+        "post",
+        "/v1/keys/{key_id}/revoke",
+        "admin or owner",
+        "Revoke a key",
+        None,
+        None,
+        204,
+    ),
+    (
+        "post",
+        "/v1/keys/rotate",
+        "any key",
+        "A new key for your account; the one used is revoked",
+        None,
+        Some("NewKeyResponse"),
+        201,
+    ),
+    (
+        "post",
+        "/v1/admin/credits",
+        "admin",
+        "Credit a tenant (the stand-in for a payment provider)",
+        Some("CreditRequest"),
+        Some("BalanceView"),
+        200,
+    ),
+    (
+        "get",
+        "/v1/admin/evidence",
+        "admin",
+        "Refused signatures, replays and reports for foreign leases",
+        None,
+        None,
+        200,
+    ),
+];
+
+fn reference(name: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{name}")})
+}
+
+pub fn build() -> Value {
+    let mut document = serde_json::to_value(Schemas::openapi()).expect("the schemas serialise");
+    let mut paths = serde_json::Map::new();
+    for (method, path, who, summary, request, response, status) in PATHS {
+        let mut operation = json!({
+            "summary": summary,
+            "description": format!("Caller: {who}. Agents sign requests with x-fallow-node, x-fallow-timestamp, x-fallow-nonce and x-fallow-signature; others send Authorization: Bearer <API key>."),
+            "responses": {
+                status.to_string(): {"description": "success"},
+                "4XX": {"description": "what is wrong, in words", "content": {"application/json": {"schema": reference("ErrorBody")}}}
+            }
+        });
+        if let Some(response) = response {
+            operation["responses"][status.to_string()]["content"] =
+                json!({"application/json": {"schema": reference(response)}});
+        }
+        if let Some(request) = request {
+            operation["requestBody"] =
+                json!({"required": true, "content": {"application/json": {"schema": reference(request)}}});
+        }
+        if path.contains('{') {
+            let name = if path.contains("{key_id}") { "key_id" } else { "id" };
+            operation["parameters"] =
+                json!([{"name": name, "in": "path", "required": true, "schema": {"type": "string"}}]);
+        }
+        let entry = paths.entry(path.to_string()).or_insert_with(|| json!({}));
+        entry[*method] = operation;
+    }
+    document["paths"] = Value::Object(paths);
+    document["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
+    document
+}
+
+pub async fn document() -> Json<Value> {
+    Json(build())
+}
+
+pub async fn explorer() -> Html<&'static str> {
+    Html(include_str!("explorer.html"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_referenced_schema_exists() {
+        let document = super::build();
+        let schemas = document["components"]["schemas"].as_object().expect("schemas");
+        let text = document["paths"].to_string();
+        for part in text.split("#/components/schemas/").skip(1) {
+            let name: String = part.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            assert!(schemas.contains_key(&name), "{name} is referenced but not defined");
+        }
+        assert!(document["paths"]["/v1/jobs"]["post"]["requestBody"].is_object());
+    }
+}

@@ -1,0 +1,416 @@
+//! The reconcile loop: one replica (the leader) turns queued jobs into leases. Each pass
+//! fetches what a decision needs from the store, lets the pure matcher decide, and writes the
+//! result: placements, their escrow holds and their leases in one group-committed transaction.
+//! It also takes silent nodes' leases away (epoch bumped, jobs requeued), carries out
+//! preemptions when their grace ends, and frees the capacity of leases that ended.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ledger::Account;
+use matcher::Placement;
+use model::{GpuCatalog, Micros, Tier};
+use store::{JobState, LeaseState, NewLease, PlacementWrite};
+
+use crate::error::ApiError;
+use crate::state::{AppState, Metrics, RECONCILE_JOBS_MAX, now_us};
+use crate::view::FleetView;
+
+/// Placements written per transaction.
+pub const PLACEMENTS_PER_COMMIT_MAX: usize = 256;
+/// A replica that does not lead rebuilds its read-only view (quotes, offers) at most this often.
+pub const FOLLOWER_VIEW_MAX_AGE: Duration = Duration::from_secs(5);
+
+async fn build_view(state: &AppState) -> Result<FleetView, ApiError> {
+    let version = state.store.nodes_version().await?;
+    let nodes = state.store.nodes().await?;
+    let leases = state.store.live_leases().await?;
+    let outcomes: HashMap<i64, (u64, u64)> = state
+        .store
+        .outcome_counts()
+        .await?
+        .into_iter()
+        .map(|(node, ok, faults)| (node, (ok.max(0) as u64, faults.max(0) as u64)))
+        .collect();
+    Metrics::add(&state.metrics.rebuilds, 1);
+    Ok(FleetView::build(
+        nodes,
+        &leases,
+        &outcomes,
+        version,
+        state.config.matcher.clone(),
+    ))
+}
+
+/// Makes sure a view exists for quotes and offer searches. The leader keeps its own current;
+/// other replicas rebuild theirs when the fleet changed and it is older than a few seconds.
+pub async fn ensure_view(state: &AppState) -> Result<(), ApiError> {
+    static BUILT: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+    let leader = state.metrics.is_leader.load(std::sync::atomic::Ordering::Relaxed) == 1;
+    let stale = {
+        let view = state.view.lock().await;
+        match view.as_ref() {
+            None => true,
+            Some(view) if !leader => {
+                let old = BUILT
+                    .lock()
+                    .expect("view age lock")
+                    .is_none_or(|at| at.elapsed() > FOLLOWER_VIEW_MAX_AGE);
+                old && state.store.nodes_version().await? != view.version
+            }
+            Some(_) => false,
+        }
+    };
+    if stale {
+        let view = build_view(state).await?;
+        *state.view.lock().await = Some(view);
+        *BUILT.lock().expect("view age lock") = Some(Instant::now());
+    }
+    Ok(())
+}
+
+/// Runs until `shutdown` turns true: tries to lead, and while leading, reconciles.
+pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let mut guard = None;
+    let mut ended_since = 0i64;
+    let mut reasons: HashMap<i64, String> = HashMap::new();
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        if guard.is_none() {
+            match state.store.try_lead().await {
+                Ok(Some(held)) => {
+                    tracing::info!("this replica now leads the reconcile loop");
+                    // A new leader starts from the store, not from what it saw as a follower.
+                    *state.view.lock().await = None;
+                    ended_since = 0;
+                    guard = Some(held);
+                    state.metrics.is_leader.store(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(None) => {}
+                Err(error) => tracing::warn!(%error, "could not ask for leadership"),
+            }
+        }
+        if let Some(held) = guard.as_mut() {
+            if held.still_held().await {
+                if let Err(error) = pass(&state, &mut ended_since, &mut reasons).await {
+                    tracing::warn!(%error, "reconcile pass failed; retrying");
+                }
+                Metrics::add(&state.metrics.reconcile_passes, 1);
+            } else {
+                tracing::warn!("lost the leader lock; following");
+                guard = None;
+                state.metrics.is_leader.store(0, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let wait = if guard.is_some() {
+            Duration::from_millis(state.config.reconcile_interval_ms)
+        } else {
+            Duration::from_secs(1)
+        };
+        tokio::select! {
+            _ = state.wake.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// One reconcile pass. Public so tests can drive the loop step by step.
+pub async fn pass(state: &AppState, ended_since: &mut i64, reasons: &mut HashMap<i64, String>) -> Result<(), ApiError> {
+    let now = now_us();
+    let version = state.store.nodes_version().await?;
+    let rebuild = state
+        .view
+        .lock()
+        .await
+        .as_ref()
+        .is_none_or(|view| view.version != version);
+    if rebuild {
+        let built = build_view(state).await?;
+        *state.view.lock().await = Some(built);
+        *ended_since = now;
+    }
+    lose_silent_nodes(state, now).await?;
+    // Leases that ended (reported to any replica) free their capacity.
+    let ended = state.store.leases_ended_since(*ended_since).await?;
+    {
+        let mut view = state.view.lock().await;
+        let view = view.as_mut().expect("built above");
+        for (lease, at) in &ended {
+            view.release(*lease);
+            *ended_since = (*ended_since).max(*at);
+        }
+    }
+    // Preemptions whose grace has run out: the victim's lease ends and its job queues again.
+    for lease in state.store.leases_due(now).await? {
+        if let Some(ended) = state
+            .store
+            .end_lease(
+                lease.id,
+                LeaseState::Preempted,
+                "preempted for gold or silver work",
+                now,
+            )
+            .await?
+        {
+            state.view.lock().await.as_mut().expect("built above").release(ended.id);
+            Metrics::add(&state.metrics.leases_preempted, 1);
+            state
+                .store
+                .requeue_job(ended.job_id, "preempted; queued again", now)
+                .await?;
+        }
+    }
+    place_queued(state, now, reasons).await
+}
+
+async fn lose_silent_nodes(state: &AppState, now: i64) -> Result<(), ApiError> {
+    let cutoff = now - state.config.heartbeat_timeout_ms as i64 * 1000;
+    for node in state.store.silent_nodes(cutoff).await? {
+        if !state.store.set_node_offline(node, now).await? {
+            continue;
+        }
+        tracing::warn!(node, "node went silent; its leases are lost");
+        state.store.record_outcome(node, "node_fault", now).await?;
+        let mut jobs = Vec::new();
+        for lease in state.store.live_leases_of_node(node).await? {
+            if state
+                .store
+                .end_lease(lease.id, LeaseState::Lost, "node stopped sending heartbeats", now)
+                .await?
+                .is_some()
+            {
+                Metrics::add(&state.metrics.leases_lost, 1);
+                jobs.push(lease.job_id);
+            }
+        }
+        jobs.dedup();
+        for job in jobs {
+            // A gang restarts whole: its surviving replicas stop and the job queues again.
+            for lease in state.store.leases_of_job(job).await? {
+                if lease.state.is_live() {
+                    state
+                        .store
+                        .end_lease(lease.id, LeaseState::Cancelled, "a replica of the gang was lost", now)
+                        .await?;
+                }
+            }
+            state
+                .store
+                .requeue_job(job, "its node went silent; queued again", now)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+struct Pending {
+    matcher_job: model::JobId,
+    matcher_leases: Vec<model::LeaseId>,
+}
+
+async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, String>) -> Result<(), ApiError> {
+    let mut queued = state.store.jobs_in_states(&[JobState::Queued]).await?;
+    if queued.is_empty() {
+        return Ok(());
+    }
+    queued.sort_by_key(|job| (Tier::parse(&job.tier).map_or(3, |tier| tier as u8), job.id));
+    queued.truncate(RECONCILE_JOBS_MAX);
+    let now_s = now / 1_000_000;
+    let catalog = GpuCatalog::embedded();
+    let mut balances: HashMap<i64, Micros> = HashMap::new();
+    let mut writes = Vec::new();
+    let mut pending = Vec::new();
+    let mut reason_updates = Vec::new();
+    let mut victims_due = Vec::new();
+    {
+        let mut guard = state.view.lock().await;
+        let view = guard.as_mut().expect("built before placing");
+        view.matcher.advance_clock(now_s);
+        for job in &queued {
+            let request = crate::views::job_request(job);
+            let spec = match request.to_spec(job.id, job.tenant_id, job.submitted_at / 1_000_000, |name| {
+                view.region(name)
+            }) {
+                Ok(spec) => spec,
+                Err(error) => {
+                    reason_updates.push((job.id, format!("invalid spec: {error}")));
+                    continue;
+                }
+            };
+            let available = match balances.get(&job.tenant_id) {
+                Some(balance) => *balance,
+                None => {
+                    let balance = Micros(
+                        state
+                            .store
+                            .balance(&Account::TenantAvailable(job.tenant_id).key())
+                            .await?,
+                    );
+                    balances.insert(job.tenant_id, balance);
+                    balance
+                }
+            };
+            if available.0 <= 0 {
+                reason_updates.push((job.id, "waiting: the tenant's balance is $0; add credit".to_string()));
+                continue;
+            }
+            let decided = Instant::now();
+            let planned = view.matcher.plan(&spec, now_s);
+            let (placement, victims) = match planned {
+                Ok(placement) => (placement, Vec::new()),
+                Err(unplaced) if spec.tier != Tier::Bronze => match view.matcher.plan_preemption(&spec, now_s) {
+                    Ok(plan) => (plan.placement.clone(), plan.victims.clone()),
+                    Err(_) => {
+                        reason_updates.push((job.id, format!("waiting: {unplaced}")));
+                        continue;
+                    }
+                },
+                Err(unplaced) => {
+                    reason_updates.push((job.id, format!("waiting: {unplaced}")));
+                    continue;
+                }
+            };
+            Metrics::add(&state.metrics.decisions, 1);
+            let gpu_milli_total: u64 = placement
+                .leases
+                .iter()
+                .map(|lease| u64::from(lease.gpu_milli_total()))
+                .sum();
+            let wanted = ledger::hold_amount(spec.max_price, gpu_milli_total.max(1), u64::from(spec.max_runtime_s))
+                .unwrap_or(available);
+            let hold = match ledger::hold(
+                job.tenant_id,
+                job.id,
+                wanted,
+                available,
+                format!("hold:job-{}", job.id),
+                now,
+            ) {
+                Ok(hold) => hold,
+                Err(error) => {
+                    reason_updates.push((job.id, format!("waiting: {error}")));
+                    continue;
+                }
+            };
+            let committed = if victims.is_empty() {
+                view.matcher.commit(&placement)
+            } else {
+                let plan = matcher::PreemptionPlan {
+                    placement: placement.clone(),
+                    victims: victims.clone(),
+                };
+                view.matcher.commit_preemption(&plan)
+            };
+            let committed = match committed {
+                Ok(leases) => leases,
+                Err(error) => {
+                    tracing::error!(job = job.id, %error, "a fresh plan did not commit");
+                    continue;
+                }
+            };
+            Metrics::add(&state.metrics.decision_nanos, decided.elapsed().as_nanos() as u64);
+            for victim in &victims {
+                if let Some(store_lease) = view.store_of_lease.remove(&victim.lease) {
+                    view.lease_of_store.remove(&store_lease);
+                    victims_due.push((store_lease, now + i64::from(victim.grace_s) * 1_000_000));
+                }
+            }
+            let held = hold
+                .entries
+                .iter()
+                .find(|entry| matches!(entry.account, Account::Escrow(_)))
+                .map_or(0, |entry| entry.amount.0);
+            balances.insert(job.tenant_id, Micros(available.0 - held));
+            let leases = new_leases(view, &placement, &committed, &spec, catalog, now);
+            writes.push(PlacementWrite {
+                job_id: job.id,
+                leases,
+                hold: Some(crate::money::row(&hold)),
+            });
+            pending.push(Pending {
+                matcher_job: spec.id,
+                matcher_leases: committed.iter().map(|lease| lease.id).collect(),
+            });
+            reasons.remove(&job.id);
+        }
+    }
+    for (lease, at) in victims_due {
+        state.store.set_lease_preempt_at(lease, Some(at)).await?;
+    }
+    for (writes, pending) in writes
+        .chunks(PLACEMENTS_PER_COMMIT_MAX)
+        .zip(pending.chunks(PLACEMENTS_PER_COMMIT_MAX))
+    {
+        let result = state.store.commit_placements(writes, now).await;
+        let mut guard = state.view.lock().await;
+        let view = guard.as_mut().expect("built before placing");
+        match result {
+            Ok(results) => {
+                for (outcome, pending) in results.into_iter().zip(pending) {
+                    match outcome {
+                        Some(records) => {
+                            Metrics::add(&state.metrics.placements, 1);
+                            Metrics::add(&state.metrics.leases_granted, records.len() as u64);
+                            for (record, id) in records.iter().zip(&pending.matcher_leases) {
+                                view.record_lease(record.id, *id);
+                            }
+                        }
+                        None => {
+                            view.matcher.release_job(pending.matcher_job, now / 1_000_000);
+                        }
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "placements were not written; their jobs stay queued");
+                for pending in pending {
+                    view.matcher.release_job(pending.matcher_job, now / 1_000_000);
+                }
+            }
+        }
+    }
+    for (job, reason) in reason_updates {
+        if reasons.get(&job) != Some(&reason) {
+            state
+                .store
+                .set_job_state(job, &[JobState::Queued], JobState::Queued, &reason, now)
+                .await?;
+            reasons.insert(job, reason);
+        }
+    }
+    Ok(())
+}
+
+fn new_leases(
+    view: &FleetView,
+    placement: &Placement,
+    committed: &[model::Lease],
+    spec: &model::JobSpec,
+    catalog: &GpuCatalog,
+    now: i64,
+) -> Vec<NewLease> {
+    committed
+        .iter()
+        .map(|lease| {
+            let node = &view.matcher.nodes()[lease.node.index()];
+            NewLease {
+                replica: i64::from(lease.replica),
+                node_id: view.node_ids[lease.node.index()],
+                gpu_mask: i64::from(lease.gpu_mask),
+                gpu_milli: i64::from(lease.gpu_milli),
+                cpu_milli: i64::from(lease.cpu_milli),
+                memory_mib: lease.memory_mib as i64,
+                price_micros: lease.price.0,
+                tier: spec.tier.name().to_string(),
+                gpu_model: catalog.spec(node.gpu_model).name.clone(),
+                region: view.matcher.topology().region_name(node.path.region).to_string(),
+                expected_end: now + i64::from(spec.max_runtime_s) * 1_000_000,
+                preempt_at: placement.preempt_at.map(|at| at * 1_000_000),
+            }
+        })
+        .collect()
+}

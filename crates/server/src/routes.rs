@@ -1,0 +1,1254 @@
+//! The HTTP API under `/v1`: tenants, providers, agents (signed), admins, and the public
+//! market index. Every party sees only its own jobs, nodes and money: another party's job or
+//! node answers 404, exactly as one that does not exist.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::*;
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use ledger::Account;
+use model::{GpuCatalog, Micros};
+use serde::Deserialize;
+use store::{JobEnd, JobRecord, JobState, LeaseState, NewJob, NewNode, Role};
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{Auth, JsonBody, Signed};
+use crate::money;
+use crate::state::{AppState, Caller, LONG_POLL_MS_MAX, Metrics, now_us};
+use crate::views::{job_request, job_view, lease_view, node_view};
+
+type AppStateRef = State<Arc<AppState>>;
+
+fn require(caller: &Caller, roles: &[Role]) -> ApiResult<()> {
+    if roles.contains(&caller.role) {
+        Ok(())
+    } else {
+        let names: Vec<&str> = roles.iter().map(|role| role.as_str()).collect();
+        Err(ApiError::Forbidden(format!(
+            "this endpoint is for {} keys; yours is a {} key",
+            names.join(" or "),
+            caller.role
+        )))
+    }
+}
+
+async fn own_job(state: &AppState, caller: &Caller, id: i64) -> ApiResult<JobRecord> {
+    let job = state.store.job(id).await?;
+    match job {
+        Some(job) if caller.role == Role::Admin || job.tenant_id == caller.account_id => Ok(job),
+        _ => Err(ApiError::NotFound(format!("job {id} not found"))),
+    }
+}
+
+async fn full_job_view(state: &AppState, job: &JobRecord) -> ApiResult<JobView> {
+    let leases = state.store.leases_of_job(job.id).await?;
+    let escrow = state.store.balance(&Account::Escrow(job.id).key()).await?;
+    let mut cost = 0;
+    for lease in &leases {
+        for usage in state.store.usage_of_lease(lease.id).await? {
+            cost += usage.charged_micros;
+        }
+    }
+    Ok(job_view(job, &leases, cost, escrow))
+}
+
+// ---------------------------------------------------------------- tenants
+
+pub async fn submit_job(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    JsonBody(request): JsonBody<JobRequest>,
+) -> ApiResult<(StatusCode, Json<JobView>)> {
+    require(&caller, &[Role::Tenant])?;
+    request.to_spec(0, caller.account_id, 0, |_| None)?;
+    let available = money::balance(&state.store, Account::TenantAvailable(caller.account_id)).await?;
+    if available.0 <= 0 {
+        return Err(ApiError::PaymentRequired(
+            "your balance is $0: ask an admin to credit your account before submitting jobs".into(),
+        ));
+    }
+    let spec = serde_json::to_string(&request).map_err(|error| ApiError::Internal(error.to_string()))?;
+    let record = state
+        .submissions
+        .submit(NewJob {
+            tenant_id: caller.account_id,
+            client_token: request.client_token.clone(),
+            spec,
+            tier: request.tier.clone(),
+            submitted_at: now_us(),
+        })
+        .await?;
+    Metrics::add(&state.metrics.jobs_submitted, 1);
+    state.wake.notify_one();
+    Ok((StatusCode::CREATED, Json(job_view(&record, &[], 0, 0))))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Page {
+    before: Option<i64>,
+    limit: Option<i64>,
+}
+
+pub async fn list_jobs(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Query(page): Query<Page>,
+) -> ApiResult<Json<JobList>> {
+    require(&caller, &[Role::Tenant])?;
+    let limit = page.limit.unwrap_or(50);
+    if !(1..=PAGE_SIZE_MAX).contains(&limit) {
+        return Err(ApiError::BadRequest(format!("limit: {limit} is not 1–{PAGE_SIZE_MAX}")));
+    }
+    let jobs = state
+        .store
+        .jobs_of_tenant(caller.account_id, page.before, limit)
+        .await?;
+    let next_before = if jobs.len() as i64 == limit {
+        jobs.last().map(|job| job.id)
+    } else {
+        None
+    };
+    let mut views = Vec::with_capacity(jobs.len());
+    for job in &jobs {
+        let leases = state.store.leases_of_job(job.id).await?;
+        views.push(job_view(job, &leases, 0, 0));
+    }
+    Ok(Json(JobList {
+        jobs: views,
+        next_before,
+    }))
+}
+
+pub async fn show_job(State(state): AppStateRef, Auth(caller): Auth, Path(id): Path<i64>) -> ApiResult<Json<JobView>> {
+    let job = own_job(&state, &caller, id).await?;
+    Ok(Json(full_job_view(&state, &job).await?))
+}
+
+/// Ends a job and releases its escrow; its live leases end with `leases_to` (agents stop them).
+pub async fn end_job(
+    state: &AppState,
+    job: &JobRecord,
+    from: &[JobState],
+    to: JobState,
+    leases_to: LeaseState,
+    reason: &str,
+) -> ApiResult<Option<Vec<store::LeaseRecord>>> {
+    let now = now_us();
+    let escrow = money::balance(&state.store, Account::Escrow(job.id)).await?;
+    let release = ledger::release(job.tenant_id, job.id, escrow, format!("release:job-{}", job.id), now)
+        .map_err(money::ledger_error)?
+        .map(|transaction| money::row(&transaction));
+    let end = JobEnd {
+        job_id: job.id,
+        from: from.to_vec(),
+        to,
+        reason: reason.to_string(),
+        leases_to,
+        release,
+    };
+    let ended = state.store.end_job(&end, now).await?;
+    if ended.is_some() {
+        state.wake.notify_one();
+    }
+    Ok(ended)
+}
+
+pub async fn cancel_job(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<JobView>> {
+    let job = own_job(&state, &caller, id).await?;
+    if job.state.is_final() {
+        return Err(ApiError::Conflict(format!("job {id} already ended ({})", job.state)));
+    }
+    let ended = end_job(
+        &state,
+        &job,
+        &[JobState::Queued, JobState::Running],
+        JobState::Cancelled,
+        LeaseState::Cancelled,
+        "cancelled by its tenant",
+    )
+    .await?;
+    if ended.is_none() {
+        return Err(ApiError::Conflict(format!(
+            "job {id} ended meanwhile; nothing to cancel"
+        )));
+    }
+    let job = own_job(&state, &caller, id).await?;
+    Ok(Json(full_job_view(&state, &job).await?))
+}
+
+pub async fn quote_job(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    JsonBody(request): JsonBody<JobRequest>,
+) -> ApiResult<Json<QuoteView>> {
+    require(&caller, &[Role::Tenant, Role::Admin])?;
+    crate::reconcile::ensure_view(&state).await?;
+    let view = state.view.lock().await;
+    let view = view
+        .as_ref()
+        .ok_or_else(|| ApiError::Unavailable("the fleet view is not built yet".into()))?;
+    let now_s = now_us() / 1_000_000;
+    let spec = request.to_spec(0, caller.account_id, now_s, |name| view.region(name))?;
+    let quote = view.matcher.quote(&spec, now_s);
+    Ok(Json(QuoteView {
+        price_micros_per_gpu_hour: quote.price_per_gpu_hour.map(|price| price.0),
+        nodes_feasible: quote.nodes_feasible,
+        gpus_feasible: quote.gpus_available,
+        nodes_total: view.node_ids.len() as u64,
+        explanation: quote
+            .explanation
+            .map(|explanation| explanation.message)
+            .unwrap_or_default(),
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OfferQuery {
+    #[serde(default)]
+    filter: String,
+    limit: Option<usize>,
+}
+
+/// Offers are searchable by anyone with a key: they are the market's public face.
+pub async fn search_offers(
+    State(state): AppStateRef,
+    Auth(_caller): Auth,
+    Query(query): Query<OfferQuery>,
+) -> ApiResult<Json<OfferList>> {
+    let filter = OfferFilter::parse(&query.filter)?;
+    let limit = query.limit.unwrap_or(100).clamp(1, 1000);
+    crate::reconcile::ensure_view(&state).await?;
+    let view = state.view.lock().await;
+    let view = view
+        .as_ref()
+        .ok_or_else(|| ApiError::Unavailable("the fleet view is not built yet".into()))?;
+    let catalog = GpuCatalog::embedded();
+    let now_s = now_us() / 1_000_000;
+    let mut offers = Vec::new();
+    let mut total = 0u64;
+    for (position, record) in view.records.iter().enumerate() {
+        let node = &view.matcher.nodes()[position];
+        let spec = catalog.spec(node.gpu_model);
+        let capacity = view.matcher.node_capacity(node.id);
+        let mut prices = BTreeMap::new();
+        for tier in model::Tier::ALL {
+            if node.policy.allowed_tiers.contains(tier)
+                && let Some(ask) = node.policy.ask_at(tier, now_s)
+            {
+                prices.insert(tier.name().to_string(), ask.0);
+            }
+        }
+        let offer = OfferView {
+            node_id: record.id,
+            provider_id: record.node.provider_id,
+            gpu_model: record.node.gpu_model.clone(),
+            gpu_count: node.gpu_count,
+            gpus_free: capacity.whole_gpus_free() as u8,
+            gpu_memory_mib: spec.memory_mib,
+            compute_units: f64::from(spec.cu_milli) / 1000.0,
+            region: record.node.region.clone(),
+            site: record.node.site.clone(),
+            reliability: f64::from(node.reliability_ppm) / 1e6,
+            price_micros_per_gpu_hour: prices,
+            online: record.online,
+            simulated: record.node.simulated,
+        };
+        if filter.matches(&offer) {
+            total += 1;
+            offers.push(offer);
+        }
+    }
+    let tier = filter.tier().map(str::to_string);
+    let price_of = |offer: &OfferView| match &tier {
+        Some(tier) => offer.price_micros_per_gpu_hour.get(tier).copied().unwrap_or(i64::MAX),
+        None => offer
+            .price_micros_per_gpu_hour
+            .values()
+            .copied()
+            .min()
+            .unwrap_or(i64::MAX),
+    };
+    offers.sort_by_key(|offer| (price_of(offer), offer.node_id));
+    offers.truncate(limit);
+    Ok(Json(OfferList {
+        offers,
+        total_matching: total,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountQuery {
+    account_id: Option<i64>,
+}
+
+fn account_in_view(caller: &Caller, query: &AccountQuery) -> ApiResult<i64> {
+    match query.account_id {
+        Some(id) if caller.role == Role::Admin => Ok(id),
+        Some(id) if id != caller.account_id => Err(ApiError::NotFound(format!("account {id} not found"))),
+        _ => Ok(caller.account_id),
+    }
+}
+
+pub async fn balance(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Query(query): Query<AccountQuery>,
+) -> ApiResult<Json<BalanceView>> {
+    let id = account_in_view(&caller, &query)?;
+    let escrow: i64 = state
+        .store
+        .balances("escrow:job:")
+        .await?
+        .into_iter()
+        .map(|(_, amount)| amount)
+        .sum::<i64>();
+    let escrow = if caller.role == Role::Admin && query.account_id.is_none() {
+        escrow
+    } else {
+        let mut own = 0;
+        for job in state.store.jobs_of_tenant(id, None, PAGE_SIZE_MAX).await? {
+            if !job.state.is_final() {
+                own += state.store.balance(&Account::Escrow(job.id).key()).await?;
+            }
+        }
+        own
+    };
+    Ok(Json(BalanceView {
+        account_id: id,
+        available_micros: state.store.balance(&Account::TenantAvailable(id).key()).await?,
+        escrow_micros: escrow,
+        earnings_micros: state.store.balance(&Account::ProviderEarnings(id).key()).await?,
+        bond_micros: state.store.balance(&Account::ProviderBond(id).key()).await?,
+    }))
+}
+
+pub async fn statement(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Query(query): Query<AccountQuery>,
+) -> ApiResult<Json<StatementView>> {
+    let id = account_in_view(&caller, &query)?;
+    let account = match state.store.account(id).await?.map(|account| account.role) {
+        Some(Role::Provider) => Account::ProviderEarnings(id),
+        _ => Account::TenantAvailable(id),
+    };
+    let lines = state
+        .store
+        .ledger_entries_of(&account.key(), 1000)
+        .await?
+        .into_iter()
+        .map(|(transaction, kind, amount, at)| LedgerLine {
+            transaction,
+            kind,
+            amount_micros: amount,
+            at_us: at,
+        })
+        .collect();
+    Ok(Json(StatementView { account_id: id, lines }))
+}
+
+// ---------------------------------------------------------------- providers
+
+fn check_name(field: &str, value: &str, required: bool) -> ApiResult<()> {
+    if required && value.trim().is_empty() {
+        return Err(ApiError::BadRequest(format!("{field}: must not be empty")));
+    }
+    if value.len() > 128 || value.chars().any(char::is_control) {
+        return Err(ApiError::BadRequest(format!(
+            "{field}: at most 128 printable characters"
+        )));
+    }
+    Ok(())
+}
+
+pub async fn register_node(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    JsonBody(registration): JsonBody<NodeRegistration>,
+) -> ApiResult<(StatusCode, Json<NodeView>)> {
+    require(&caller, &[Role::Provider])?;
+    check_name("name", &registration.name, true)?;
+    check_name("region", &registration.region, true)?;
+    check_name("site", &registration.site, true)?;
+    check_name("fabric", &registration.fabric, false)?;
+    check_name("nvlink_domain", &registration.nvlink_domain, false)?;
+    check_name("fingerprint", &registration.fingerprint, false)?;
+    trust::parse_public_key(&registration.public_key)?;
+    let catalog = GpuCatalog::embedded();
+    if catalog.find(&registration.gpu_model).is_none() {
+        let known: Vec<&str> = catalog.models().map(|(_, spec)| spec.name.as_str()).collect();
+        return Err(ApiError::BadRequest(format!(
+            "gpu_model: unknown model {:?}; known: {}",
+            registration.gpu_model,
+            known.join(", ")
+        )));
+    }
+    if !(1..=16).contains(&registration.gpu_count) {
+        return Err(ApiError::BadRequest(format!(
+            "gpu_count: {} is not 1–16",
+            registration.gpu_count
+        )));
+    }
+    if !(-90.0..=90.0).contains(&registration.latitude) || !(-180.0..=180.0).contains(&registration.longitude) {
+        return Err(ApiError::BadRequest(
+            "latitude must be −90…90 and longitude −180…180".into(),
+        ));
+    }
+    if registration.memory_mib > 1 << 40 || registration.cpu_milli == 0 {
+        return Err(ApiError::BadRequest(
+            "cpu_milli must be positive and memory_mib at most 2^40".into(),
+        ));
+    }
+    registration.policy.to_model()?;
+    let policy = serde_json::to_string(&registration.policy).map_err(|error| ApiError::Internal(error.to_string()))?;
+    let record = state
+        .store
+        .insert_node(
+            &NewNode {
+                provider_id: caller.account_id,
+                name: registration.name.clone(),
+                public_key: registration.public_key.clone(),
+                fingerprint: registration.fingerprint.clone(),
+                region: registration.region.clone(),
+                site: registration.site.clone(),
+                fabric: registration.fabric.clone(),
+                nvlink_domain: registration.nvlink_domain.clone(),
+                latitude: registration.latitude,
+                longitude: registration.longitude,
+                gpu_model: registration.gpu_model.clone(),
+                gpu_count: i64::from(registration.gpu_count),
+                cpu_milli: i64::from(registration.cpu_milli),
+                memory_mib: registration.memory_mib as i64,
+                network_mbit_s: i64::from(registration.network_mbit_s),
+                simulated: registration.simulated,
+                policy,
+                datasets: "[]".to_string(),
+            },
+            now_us(),
+        )
+        .await?;
+    state.wake.notify_one();
+    Ok((
+        StatusCode::CREATED,
+        Json(node_view(&record, crate::view::reliability(0, 0), 0, 0)),
+    ))
+}
+
+async fn own_node(state: &AppState, caller: &Caller, id: i64) -> ApiResult<store::NodeRecord> {
+    match state.store.node(id).await? {
+        Some(node) if caller.role == Role::Admin || node.node.provider_id == caller.account_id => Ok(node),
+        _ => Err(ApiError::NotFound(format!("node {id} not found"))),
+    }
+}
+
+async fn full_node_view(state: &AppState, record: &store::NodeRecord) -> ApiResult<NodeView> {
+    let live = state.store.live_leases_of_node(record.id).await?.len() as i64;
+    let outcomes = state.store.outcomes(record.id, 0).await?;
+    let ok = outcomes.iter().filter(|(outcome, _)| outcome == "ok").count() as u64;
+    let faults = outcomes.len() as u64 - ok;
+    Ok(node_view(record, crate::view::reliability(ok, faults), live, 0))
+}
+
+pub async fn list_nodes(State(state): AppStateRef, Auth(caller): Auth) -> ApiResult<Json<Vec<NodeView>>> {
+    require(&caller, &[Role::Provider, Role::Admin])?;
+    let records = if caller.role == Role::Admin {
+        state.store.nodes().await?
+    } else {
+        state.store.nodes_of_provider(caller.account_id).await?
+    };
+    let mut views = Vec::with_capacity(records.len());
+    for record in &records {
+        views.push(full_node_view(&state, record).await?);
+    }
+    Ok(Json(views))
+}
+
+pub async fn show_node(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<NodeView>> {
+    let record = own_node(&state, &caller, id).await?;
+    Ok(Json(full_node_view(&state, &record).await?))
+}
+
+pub async fn set_policy(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(id): Path<i64>,
+    JsonBody(policy): JsonBody<PolicyDoc>,
+) -> ApiResult<Json<NodeView>> {
+    require(&caller, &[Role::Provider, Role::Admin])?;
+    own_node(&state, &caller, id).await?;
+    policy.to_model()?;
+    let text = serde_json::to_string(&policy).map_err(|error| ApiError::Internal(error.to_string()))?;
+    state.store.set_node_policy(id, &text, now_us()).await?;
+    state.wake.notify_one();
+    let record = own_node(&state, &caller, id).await?;
+    Ok(Json(full_node_view(&state, &record).await?))
+}
+
+pub async fn earnings(State(state): AppStateRef, Auth(caller): Auth) -> ApiResult<Json<EarningsView>> {
+    require(&caller, &[Role::Provider])?;
+    let now = now_us();
+    let mut nodes = Vec::new();
+    for record in state.store.nodes_of_provider(caller.account_id).await? {
+        let mut earned = 0i64;
+        let mut gpu_milli_seconds = 0i64;
+        for lease in state.store.leases_of_node(record.id).await? {
+            for usage in state.store.usage_of_lease(lease.id).await? {
+                earned += usage.charged_micros;
+                gpu_milli_seconds += usage.gpu_seconds_milli;
+            }
+        }
+        let offered_seconds = ((now - record.registered_at) / 1_000_000).max(1);
+        let capacity = offered_seconds * record.node.gpu_count.max(1) * 1000;
+        let view = full_node_view(&state, &record).await?;
+        nodes.push(NodeEarnings {
+            node_id: record.id,
+            name: record.node.name.clone(),
+            earned_micros: earned,
+            gpu_hours_sold: gpu_milli_seconds as f64 / 1000.0 / 3600.0,
+            fill_rate: (gpu_milli_seconds as f64 / capacity as f64).min(1.0),
+            reliability: view.reliability,
+        });
+    }
+    Ok(Json(EarningsView {
+        provider_id: caller.account_id,
+        earnings_micros: state
+            .store
+            .balance(&Account::ProviderEarnings(caller.account_id).key())
+            .await?,
+        nodes,
+    }))
+}
+
+// ---------------------------------------------------------------- agents
+
+async fn agent_leases(state: &AppState, node_id: i64) -> ApiResult<Vec<AgentLease>> {
+    let mut out = Vec::new();
+    for lease in state.store.live_leases_of_node(node_id).await? {
+        let job = state.store.job(lease.job_id).await?;
+        out.push(AgentLease {
+            lease: lease_view(&lease),
+            job: job.as_ref().map(job_request).unwrap_or_default(),
+        });
+    }
+    Ok(out)
+}
+
+pub async fn heartbeat(
+    State(state): AppStateRef,
+    signed: Signed<HeartbeatRequest>,
+) -> ApiResult<Json<HeartbeatResponse>> {
+    let now = now_us();
+    let request = &signed.body;
+    if request.gpus.len() > 16 {
+        return Err(ApiError::BadRequest("gpus: at most 16".into()));
+    }
+    if let Some(datasets) = &request.datasets
+        && datasets.len() > 10_000
+    {
+        return Err(ApiError::BadRequest("datasets: at most 10,000 digests".into()));
+    }
+    if let Some(fingerprint) = &request.fingerprint {
+        check_name("fingerprint", fingerprint, false)?;
+        if state
+            .store
+            .set_node_fingerprint(signed.node_id, fingerprint, now)
+            .await?
+        {
+            state
+                .store
+                .record_evidence(Some(signed.node_id), "fingerprint_changed", fingerprint, now)
+                .await?;
+        }
+    }
+    let telemetry = serde_json::json!({"gpus": request.gpus, "over_limit": request.over_limit}).to_string();
+    state.heartbeats.submit_detached(store::Heartbeat {
+        node_id: signed.node_id,
+        at: now,
+        telemetry,
+        datasets: request
+            .datasets
+            .as_ref()
+            .map(|digests| serde_json::to_string(digests).unwrap_or_else(|_| "[]".into())),
+    })?;
+    Metrics::add(&state.metrics.heartbeats, 1);
+    Ok(Json(HeartbeatResponse {
+        leases: agent_leases(&state, signed.node_id).await?,
+        heartbeat_interval_ms: state.config.heartbeat_interval_ms,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeasePoll {
+    /// Wait up to this long for the lease set to differ from `known`.
+    wait_ms: Option<u64>,
+    /// The `version` of the lease set the agent already has.
+    known: Option<String>,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct LeaseSet {
+    pub version: String,
+    pub leases: Vec<AgentLease>,
+}
+
+fn lease_set_version(leases: &[AgentLease]) -> String {
+    let mut text = String::new();
+    for lease in leases {
+        text.push_str(&format!(
+            "{}:{}:{}:{:?};",
+            lease.lease.id, lease.lease.epoch, lease.lease.state, lease.lease.preempt_at_us
+        ));
+    }
+    trust::body_digest_hex(text.as_bytes())[..16].to_string()
+}
+
+/// The leases the node should run (long-poll): answers at once if they differ from `known`,
+/// else when they change, or after `wait_ms`.
+pub async fn poll_leases(
+    State(state): AppStateRef,
+    Query(poll): Query<LeasePoll>,
+    signed: Signed<serde_json::Value>,
+) -> ApiResult<Json<LeaseSet>> {
+    let wait = Duration::from_millis(poll.wait_ms.unwrap_or(0).min(LONG_POLL_MS_MAX));
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let leases = agent_leases(&state, signed.node_id).await?;
+        let version = lease_set_version(&leases);
+        if poll.known.as_deref() != Some(version.as_str()) || tokio::time::Instant::now() >= deadline {
+            return Ok(Json(LeaseSet { version, leases }));
+        }
+        tokio::time::sleep(Duration::from_millis(250).min(deadline - tokio::time::Instant::now())).await;
+    }
+}
+
+async fn node_lease(state: &AppState, node_id: i64, lease_id: i64) -> ApiResult<store::LeaseRecord> {
+    match state.store.lease(lease_id).await? {
+        Some(lease) if lease.lease.node_id == node_id => Ok(lease),
+        _ => {
+            state
+                .store
+                .record_evidence(
+                    Some(node_id),
+                    "foreign_lease",
+                    &format!("report for lease {lease_id}"),
+                    now_us(),
+                )
+                .await?;
+            Err(ApiError::Forbidden(format!(
+                "lease {lease_id} is not held by node {node_id}; the attempt is recorded"
+            )))
+        }
+    }
+}
+
+/// A job whose leases all ended: finished if every replica finished, else failed; its escrow is released.
+pub async fn settle_job(state: &AppState, job_id: i64) -> ApiResult<()> {
+    let Some(job) = state.store.job(job_id).await? else {
+        return Ok(());
+    };
+    if job.state != JobState::Running {
+        return Ok(());
+    }
+    let leases = state.store.leases_of_job(job_id).await?;
+    if leases.iter().any(|lease| lease.state.is_live()) {
+        if leases.iter().any(|lease| lease.state == LeaseState::Failed) {
+            end_job(
+                state,
+                &job,
+                &[JobState::Running],
+                JobState::Failed,
+                LeaseState::Cancelled,
+                "a replica failed",
+            )
+            .await?;
+        }
+        return Ok(());
+    }
+    let failed = leases.iter().any(|lease| lease.state == LeaseState::Failed);
+    let (to, reason) = if failed {
+        (JobState::Failed, "a replica failed")
+    } else {
+        (JobState::Finished, "")
+    };
+    end_job(state, &job, &[JobState::Running], to, LeaseState::Cancelled, reason).await?;
+    Ok(())
+}
+
+pub async fn lease_event(
+    State(state): AppStateRef,
+    Path(lease_id): Path<i64>,
+    signed: Signed<LeaseEventRequest>,
+) -> ApiResult<Json<LeaseView>> {
+    let lease = node_lease(&state, signed.node_id, lease_id).await?;
+    let event = &signed.body;
+    let to = match event.state.as_str() {
+        "staging" => LeaseState::Staging,
+        "running" => LeaseState::Running,
+        "finished" => LeaseState::Finished,
+        "failed" => LeaseState::Failed,
+        other => {
+            return Err(ApiError::BadRequest(format!(
+                "state: {other:?} is not staging, running, finished or failed"
+            )));
+        }
+    };
+    check_name("detail", &event.detail.chars().take(128).collect::<String>(), false)?;
+    let now = now_us();
+    if !state
+        .store
+        .set_lease_state(lease_id, event.epoch, to, &event.detail, now)
+        .await?
+    {
+        return Err(ApiError::Conflict(format!(
+            "lease {lease_id} is not live at epoch {} (now epoch {}, {}): stop it",
+            event.epoch, lease.epoch, lease.state
+        )));
+    }
+    let detail = match event.exit_code {
+        Some(code) => format!("exit code {code}; {}", event.detail),
+        None => event.detail.clone(),
+    };
+    state
+        .store
+        .append_lease_event(lease_id, event.epoch, to.as_str(), &detail, now)
+        .await?;
+    if !to.is_live() {
+        state
+            .store
+            .record_outcome(
+                signed.node_id,
+                if to == LeaseState::Finished { "ok" } else { "job_failed" },
+                now,
+            )
+            .await?;
+        settle_job(&state, lease.job_id).await?;
+        state.wake.notify_one();
+    }
+    let lease = state
+        .store
+        .lease(lease_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("lease".into()))?;
+    Ok(Json(lease_view(&lease)))
+}
+
+fn usage_record(body: &UsageBody) -> trust::UsageRecord {
+    trust::UsageRecord {
+        lease_id: body.lease_id,
+        epoch: body.epoch,
+        sequence: body.sequence,
+        period_start_ms: body.period_start_ms,
+        period_end_ms: body.period_end_ms,
+        gpu_seconds_milli: body.gpu_seconds_milli,
+        gpu_utilisation_permille: body.gpu_utilisation_permille,
+        telemetry_digest: body.telemetry_digest.clone(),
+    }
+}
+
+pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>) -> ApiResult<Json<UsageAccepted>> {
+    let body = &signed.body.body;
+    let lease = node_lease(&state, signed.node_id, body.lease_id).await?;
+    let identity = state.node_identity(signed.node_id).await?;
+    let record = trust::SignedRecord {
+        body: usage_record(body),
+        signature_hex: signed.body.signature_hex.clone(),
+    };
+    if let Err(error) = trust::verify_record(&identity.key, signed.node_id, &record) {
+        state
+            .store
+            .record_evidence(
+                Some(signed.node_id),
+                "bad_usage_signature",
+                &format!("lease {}", body.lease_id),
+                now_us(),
+            )
+            .await?;
+        return Err(error.into());
+    }
+    if body.epoch != lease.epoch {
+        return Err(ApiError::Conflict(format!(
+            "lease {} is at epoch {}, not {}: usage for an old epoch is not billed",
+            lease.id, lease.epoch, body.epoch
+        )));
+    }
+    let now = now_us();
+    let lease_gpu_milli = i64::from(lease.lease.gpu_mask.count_ones() as u16) * lease.lease.gpu_milli;
+    let period_ms = body.period_end_ms - body.period_start_ms;
+    let lease_end_ms = lease.ended_at.unwrap_or(now) / 1000 + state.config.max_skew_ms;
+    if body.sequence < 0
+        || period_ms <= 0
+        || body.period_start_ms < lease.created_at / 1000 - state.config.max_skew_ms
+        || body.period_end_ms > lease_end_ms
+    {
+        return Err(ApiError::BadRequest(format!(
+            "usage period {}..{} ms is outside lease {}'s life",
+            body.period_start_ms, body.period_end_ms, lease.id
+        )));
+    }
+    if body.gpu_seconds_milli < 0 || body.gpu_seconds_milli > lease_gpu_milli * ((period_ms + 999) / 1000) {
+        state
+            .store
+            .record_evidence(
+                Some(signed.node_id),
+                "usage_over_capacity",
+                &format!(
+                    "lease {} claimed {} GPU-milli-seconds in {period_ms} ms",
+                    lease.id, body.gpu_seconds_milli
+                ),
+                now,
+            )
+            .await?;
+        return Err(ApiError::BadRequest(format!(
+            "gpu_seconds_milli {} is more than the lease's {} thousandths of a GPU could use in {period_ms} ms",
+            body.gpu_seconds_milli, lease_gpu_milli
+        )));
+    }
+    let job = state
+        .store
+        .job(lease.job_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("job".into()))?;
+    let node = state
+        .store
+        .node(signed.node_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("node".into()))?;
+    // Simulated devices sell nothing real: their usage is recorded, never billed.
+    let amount = if node.node.simulated {
+        Micros::ZERO
+    } else {
+        Micros(lease.lease.price_micros)
+            .cost_for(body.gpu_seconds_milli as u64, 1)
+            .ok_or_else(|| ApiError::BadRequest("usage charge overflows".into()))?
+    };
+    let key = format!("usage:lease-{}:seq-{}", lease.id, body.sequence);
+    let mut charged = 0;
+    let mut unbilled = Micros::ZERO;
+    if amount.0 > 0 {
+        let escrow = money::balance(&state.store, Account::Escrow(job.id)).await?;
+        let available = money::balance(&state.store, Account::TenantAvailable(job.tenant_id)).await?;
+        let charge = ledger::usage(
+            &ledger::BillableUsage {
+                tenant: job.tenant_id,
+                job: job.id,
+                provider: signed.provider_id,
+                amount,
+                fee_permille: state.config.platform_fee_permille,
+            },
+            escrow,
+            available,
+            key.clone(),
+            now,
+        )
+        .map_err(money::ledger_error)?;
+        if let Some(transaction) = &charge.tx {
+            match money::apply(&state.store, transaction).await {
+                Ok(_) | Err(ApiError::Conflict(_)) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        charged = charge.billed.0;
+        unbilled = charge.unbilled;
+    }
+    let fresh = state
+        .store
+        .insert_usage(&store::UsageRow {
+            lease_id: lease.id,
+            sequence: body.sequence,
+            node_id: signed.node_id,
+            gpu_seconds_milli: body.gpu_seconds_milli,
+            charged_micros: charged,
+            body: serde_json::to_string(body).unwrap_or_default(),
+            signature: signed.body.signature_hex.clone(),
+            received_at: now,
+        })
+        .await?;
+    Metrics::add(&state.metrics.usage_records, 1);
+    if unbilled.0 > 0 {
+        end_job(
+            &state,
+            &job,
+            &[JobState::Running],
+            JobState::Failed,
+            LeaseState::Cancelled,
+            "the tenant's balance ran out",
+        )
+        .await?;
+    }
+    Ok(Json(UsageAccepted {
+        new: fresh,
+        charged_micros: if fresh { charged } else { 0 },
+    }))
+}
+
+pub async fn attest(State(state): AppStateRef, signed: Signed<SignedAttestation>) -> ApiResult<Json<LeaseView>> {
+    let body = &signed.body.body;
+    let lease = node_lease(&state, signed.node_id, body.lease_id).await?;
+    let identity = state.node_identity(signed.node_id).await?;
+    let record = trust::SignedRecord {
+        body: trust::Attestation {
+            lease_id: body.lease_id,
+            epoch: body.epoch,
+            image_digest: body.image_digest.clone(),
+            start_ms: body.start_ms,
+            end_ms: body.end_ms,
+            exit_code: body.exit_code,
+            gpu_seconds_milli: body.gpu_seconds_milli,
+            telemetry_digest: body.telemetry_digest.clone(),
+            log_digest: body.log_digest.clone(),
+        },
+        signature_hex: signed.body.signature_hex.clone(),
+    };
+    if let Err(error) = trust::verify_record(&identity.key, signed.node_id, &record) {
+        state
+            .store
+            .record_evidence(
+                Some(signed.node_id),
+                "bad_attestation_signature",
+                &format!("lease {}", body.lease_id),
+                now_us(),
+            )
+            .await?;
+        return Err(error.into());
+    }
+    if body.epoch != lease.epoch {
+        return Err(ApiError::Conflict(format!(
+            "lease {} is at epoch {}, not {}",
+            lease.id, lease.epoch, body.epoch
+        )));
+    }
+    let now = now_us();
+    let stored = state
+        .store
+        .insert_attestation(&store::AttestationRow {
+            lease_id: lease.id,
+            epoch: body.epoch,
+            node_id: signed.node_id,
+            body: serde_json::to_string(body).unwrap_or_default(),
+            signature: signed.body.signature_hex.clone(),
+            received_at: now,
+        })
+        .await?;
+    if !stored {
+        return Err(ApiError::Conflict(format!(
+            "lease {} already has an attestation",
+            lease.id
+        )));
+    }
+    let to = if body.exit_code == 0 {
+        LeaseState::Finished
+    } else {
+        LeaseState::Failed
+    };
+    if state
+        .store
+        .set_lease_state(lease.id, body.epoch, to, &format!("exit code {}", body.exit_code), now)
+        .await?
+    {
+        state
+            .store
+            .append_lease_event(lease.id, body.epoch, to.as_str(), "attested", now)
+            .await?;
+        state
+            .store
+            .record_outcome(
+                signed.node_id,
+                if to == LeaseState::Finished { "ok" } else { "job_failed" },
+                now,
+            )
+            .await?;
+        settle_job(&state, lease.job_id).await?;
+        state.wake.notify_one();
+    }
+    let lease = state
+        .store
+        .lease(lease.id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("lease".into()))?;
+    Ok(Json(lease_view(&lease)))
+}
+
+// ---------------------------------------------------------------- admins
+
+fn account_view(account: &store::AccountRecord) -> AccountView {
+    AccountView {
+        id: account.id,
+        role: account.role.as_str().to_string(),
+        name: account.name.clone(),
+        created_at_us: account.created_at,
+    }
+}
+
+/// Makes an API key for an account and stores its hash; the key itself is returned once.
+pub async fn issue_key(state: &AppState, account_id: i64, label: &str) -> ApiResult<NewKeyResponse> {
+    let key = trust::generate_api_key();
+    state
+        .store
+        .insert_api_key(&store::ApiKeyRecord {
+            key_id: key.key_id.clone(),
+            account_id,
+            secret_hash: key.secret_hash.clone(),
+            label: label.to_string(),
+            created_at: now_us(),
+            revoked_at: None,
+        })
+        .await?;
+    Ok(NewKeyResponse {
+        key_id: key.key_id,
+        api_key: key.display,
+    })
+}
+
+pub async fn create_account(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    JsonBody(request): JsonBody<NewAccountRequest>,
+) -> ApiResult<(StatusCode, Json<NewAccountResponse>)> {
+    require(&caller, &[Role::Admin])?;
+    let role = Role::parse(&request.role)
+        .ok_or_else(|| ApiError::BadRequest(format!("role: {:?} is not tenant, provider or admin", request.role)))?;
+    check_name("name", &request.name, true)?;
+    let account = state.store.create_account(role, &request.name, now_us()).await?;
+    let api_key = issue_key(&state, account.id, "first key").await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(NewAccountResponse {
+            account: account_view(&account),
+            api_key,
+        }),
+    ))
+}
+
+pub async fn list_accounts(State(state): AppStateRef, Auth(caller): Auth) -> ApiResult<Json<Vec<AccountView>>> {
+    require(&caller, &[Role::Admin])?;
+    Ok(Json(state.store.accounts().await?.iter().map(account_view).collect()))
+}
+
+pub async fn create_key(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(account_id): Path<i64>,
+    JsonBody(request): JsonBody<NewKeyRequest>,
+) -> ApiResult<(StatusCode, Json<NewKeyResponse>)> {
+    if caller.role != Role::Admin && caller.account_id != account_id {
+        return Err(ApiError::NotFound(format!("account {account_id} not found")));
+    }
+    check_name("label", &request.label, false)?;
+    if state.store.account(account_id).await?.is_none() {
+        return Err(ApiError::NotFound(format!("account {account_id} not found")));
+    }
+    Ok((
+        StatusCode::CREATED,
+        Json(issue_key(&state, account_id, &request.label).await?),
+    ))
+}
+
+pub async fn list_keys(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(account_id): Path<i64>,
+) -> ApiResult<Json<Vec<KeyView>>> {
+    if caller.role != Role::Admin && caller.account_id != account_id {
+        return Err(ApiError::NotFound(format!("account {account_id} not found")));
+    }
+    let keys = state.store.api_keys_of(account_id).await?;
+    Ok(Json(
+        keys.into_iter()
+            .map(|key| KeyView {
+                key_id: key.key_id,
+                account_id: key.account_id,
+                label: key.label,
+                created_at_us: key.created_at,
+                revoked_at_us: key.revoked_at,
+            })
+            .collect(),
+    ))
+}
+
+pub async fn revoke_key(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(key_id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let key = state.store.api_key(&key_id).await?;
+    match key {
+        Some(key) if caller.role == Role::Admin || key.account_id == caller.account_id => {
+            if !state.store.revoke_api_key(&key_id, now_us()).await? {
+                return Err(ApiError::Conflict(format!("key {key_id} is already revoked")));
+            }
+            state.forget_key(&key_id);
+            Ok(StatusCode::NO_CONTENT)
+        }
+        _ => Err(ApiError::NotFound(format!("key {key_id} not found"))),
+    }
+}
+
+/// Rotation: a new key for the caller's account, and the key used for this request revoked.
+pub async fn rotate_key(
+    State(state): AppStateRef,
+    headers: axum::http::HeaderMap,
+    Auth(caller): Auth,
+) -> ApiResult<(StatusCode, Json<NewKeyResponse>)> {
+    let presented = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let (old_id, _) =
+        trust::parse_api_key(presented.trim()).map_err(|error| ApiError::Unauthorized(error.to_string()))?;
+    let old_id = old_id.to_string();
+    let fresh = issue_key(&state, caller.account_id, "rotated").await?;
+    state.store.revoke_api_key(&old_id, now_us()).await?;
+    state.forget_key(&old_id);
+    Ok((StatusCode::CREATED, Json(fresh)))
+}
+
+pub async fn credit(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    JsonBody(request): JsonBody<CreditRequest>,
+) -> ApiResult<Json<BalanceView>> {
+    require(&caller, &[Role::Admin])?;
+    let account = state
+        .store
+        .account(request.account_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("account {} not found", request.account_id)))?;
+    if account.role != Role::Tenant {
+        return Err(ApiError::BadRequest(format!("account {} is not a tenant", account.id)));
+    }
+    let amount = Micros::parse_dollars(&request.amount)
+        .filter(|amount| amount.0 > 0 && amount.0 <= 10_000_000 * Micros::PER_DOLLAR)
+        .ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "amount: {:?} is not 0.000001–10,000,000 dollars",
+                request.amount
+            ))
+        })?;
+    check_name("key", &request.key, true)?;
+    let transaction = ledger::deposit(account.id, amount, format!("deposit:{}", request.key), now_us())
+        .map_err(money::ledger_error)?;
+    money::apply(&state.store, &transaction).await?;
+    balance(
+        State(state.clone()),
+        Auth(caller),
+        Query(AccountQuery {
+            account_id: Some(account.id),
+        }),
+    )
+    .await
+}
+
+pub async fn evidence(State(state): AppStateRef, Auth(caller): Auth) -> ApiResult<Json<Vec<EvidenceView>>> {
+    require(&caller, &[Role::Admin])?;
+    let rows = state.store.evidence(None, 1000).await?;
+    Ok(Json(
+        rows.into_iter()
+            .map(|row| EvidenceView {
+                id: row.id,
+                node_id: row.node_id,
+                kind: row.kind,
+                detail: row.detail,
+                at_us: row.at,
+            })
+            .collect(),
+    ))
+}
+
+// ---------------------------------------------------------------- everyone
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MarketQuery {
+    /// Bucket width in seconds (default an hour).
+    bucket_s: Option<i64>,
+    /// How far back, in seconds (default a day).
+    since_s: Option<i64>,
+}
+
+/// The market index: clearing prices per model, region and tier over time, and utilisation now.
+pub async fn market(State(state): AppStateRef, Query(query): Query<MarketQuery>) -> ApiResult<Json<MarketView>> {
+    let bucket_us = query.bucket_s.unwrap_or(3600).clamp(60, 86_400 * 7) * 1_000_000;
+    let since_us = now_us() - query.since_s.unwrap_or(86_400).clamp(60, 86_400 * 90) * 1_000_000;
+    let points = state.store.price_points(since_us, 200_000).await?;
+    let mut groups: BTreeMap<(i64, String, String, String), Vec<i64>> = BTreeMap::new();
+    for point in points {
+        groups
+            .entry((
+                point.at.div_euclid(bucket_us) * bucket_us,
+                point.gpu_model,
+                point.region,
+                point.tier,
+            ))
+            .or_default()
+            .push(point.price_micros);
+    }
+    let prices = groups
+        .into_iter()
+        .map(|((bucket_start_us, gpu_model, region, tier), mut prices)| {
+            prices.sort_unstable();
+            PriceBucket {
+                bucket_start_us,
+                gpu_model,
+                region,
+                tier,
+                leases: prices.len() as u64,
+                median_price_micros_per_gpu_hour: prices[prices.len() / 2],
+                min_price_micros_per_gpu_hour: prices[0],
+                max_price_micros_per_gpu_hour: prices[prices.len() - 1],
+            }
+        })
+        .collect();
+    let mut utilisation: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+    for node in state.store.nodes().await? {
+        if node.online {
+            let entry = utilisation
+                .entry((node.node.gpu_model.clone(), node.node.region.clone()))
+                .or_default();
+            entry.0 += node.node.gpu_count.max(0) as u64;
+        }
+    }
+    for lease in state.store.live_leases().await? {
+        if let Some(entry) = utilisation.get_mut(&(lease.lease.gpu_model.clone(), lease.lease.region.clone())) {
+            entry.1 += u64::from(lease.lease.gpu_mask.count_ones() as u16) * lease.lease.gpu_milli.max(0) as u64;
+        }
+    }
+    Ok(Json(MarketView {
+        prices,
+        utilisation: utilisation
+            .into_iter()
+            .map(|((gpu_model, region), (gpus, used))| UtilisationRow {
+                gpu_model,
+                region,
+                gpus_online: gpus,
+                gpu_milli_used: used,
+                utilisation: if gpus == 0 {
+                    0.0
+                } else {
+                    used as f64 / (gpus * 1000) as f64
+                },
+            })
+            .collect(),
+    }))
+}
+
+pub async fn health(State(state): AppStateRef) -> ApiResult<Json<serde_json::Value>> {
+    let (nodes, _) = state.store.nodes_version().await?;
+    Ok(Json(serde_json::json!({"status": "ok", "nodes_version": nodes})))
+}

@@ -1,0 +1,263 @@
+//! The coordinator's shared state: the store, caches of API keys and node keys, the group
+//! commit writers, the fleet view the matcher decides on, rate limits and metrics.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use matcher::MatcherConfig;
+use store::{Heartbeat, JobRecord, NewJob, Role, Store};
+use trust::{NonceCache, VerifyingKey};
+
+use crate::batch::Batcher;
+use crate::error::ApiError;
+use crate::view::FleetView;
+
+/// How long a verified API key is trusted without asking the store again. A key revoked on
+/// another replica stops working within this time; on this replica, at once.
+pub const API_KEY_CACHE_TTL: Duration = Duration::from_secs(2);
+/// Requests per second per account (tenants, providers, admins), with this burst.
+pub const ACCOUNT_RATE_PER_S: u32 = 2_000;
+pub const ACCOUNT_BURST: u32 = 4_000;
+/// Requests per second per node (agents), with this burst.
+pub const NODE_RATE_PER_S: u32 = 20;
+pub const NODE_BURST: u32 = 100;
+/// Rows per group-commit transaction.
+pub const BATCH_ROWS_MAX: usize = 512;
+/// Jobs one reconcile pass considers.
+pub const RECONCILE_JOBS_MAX: usize = 20_000;
+/// Longest long-poll for leases.
+pub const LONG_POLL_MS_MAX: u64 = 30_000;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: String,
+    pub data_dir: PathBuf,
+    /// Agents heartbeat this often; a node silent for `heartbeat_timeout_ms` loses its leases.
+    pub heartbeat_interval_ms: u64,
+    pub heartbeat_timeout_ms: u64,
+    pub reconcile_interval_ms: u64,
+    /// The platform's share of every usage charge, in thousandths.
+    pub platform_fee_permille: u32,
+    /// How far an agent's clock may be from the coordinator's.
+    pub max_skew_ms: i64,
+    pub matcher: MatcherConfig,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            listen: "127.0.0.1:7070".to_string(),
+            data_dir: PathBuf::from("fallow-data"),
+            heartbeat_interval_ms: 10_000,
+            heartbeat_timeout_ms: 45_000,
+            reconcile_interval_ms: 200,
+            platform_fee_permille: 100,
+            max_skew_ms: trust::DEFAULT_MAX_SKEW_MS,
+            matcher: MatcherConfig::default(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub account_id: i64,
+    pub role: Role,
+}
+
+#[derive(Clone, Debug)]
+pub struct NodeIdentity {
+    pub key: VerifyingKey,
+    pub provider_id: i64,
+}
+
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// Counters for `/metrics`.
+#[derive(Default)]
+pub struct Metrics {
+    pub jobs_submitted: AtomicU64,
+    pub decisions: AtomicU64,
+    pub placements: AtomicU64,
+    pub decision_nanos: AtomicU64,
+    pub heartbeats: AtomicU64,
+    pub leases_granted: AtomicU64,
+    pub leases_lost: AtomicU64,
+    pub leases_preempted: AtomicU64,
+    pub usage_records: AtomicU64,
+    pub signatures_refused: AtomicU64,
+    pub reconcile_passes: AtomicU64,
+    pub rebuilds: AtomicU64,
+    pub is_leader: AtomicU64,
+}
+
+impl Metrics {
+    pub fn add(counter: &AtomicU64, value: u64) {
+        counter.fetch_add(value, Ordering::Relaxed);
+    }
+}
+
+pub struct AppState {
+    pub store: Store,
+    pub config: Config,
+    keys: Mutex<HashMap<String, (Caller, String, Instant)>>,
+    nodes: Mutex<HashMap<i64, NodeIdentity>>,
+    pub nonce_cache: Mutex<NonceCache>,
+    pub nonces: Batcher<(i64, String, i64), bool>,
+    pub heartbeats: Batcher<Heartbeat, ()>,
+    pub submissions: Batcher<NewJob, JobRecord>,
+    pub view: tokio::sync::Mutex<Option<FleetView>>,
+    pub metrics: Metrics,
+    limits: Mutex<HashMap<(bool, i64), Bucket>>,
+    pub wake: tokio::sync::Notify,
+}
+
+pub fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_micros() as i64)
+}
+
+impl AppState {
+    pub fn new(store: Store, config: Config) -> AppState {
+        let nonce_store = store.clone();
+        let nonces = Batcher::start("nonce", BATCH_ROWS_MAX, move |items: Vec<(i64, String, i64)>| {
+            let store = nonce_store.clone();
+            async move { store.remember_nonces(&items).await.map_err(|error| error.to_string()) }
+        });
+        let beat_store = store.clone();
+        let heartbeats = Batcher::start("heartbeat", BATCH_ROWS_MAX, move |items: Vec<Heartbeat>| {
+            let store = beat_store.clone();
+            async move {
+                let count = items.len();
+                store
+                    .record_heartbeats(&items)
+                    .await
+                    .map(|()| vec![(); count])
+                    .map_err(|error| error.to_string())
+            }
+        });
+        let job_store = store.clone();
+        let submissions = Batcher::start("submission", BATCH_ROWS_MAX, move |items: Vec<NewJob>| {
+            let store = job_store.clone();
+            async move { store.insert_jobs(&items).await.map_err(|error| error.to_string()) }
+        });
+        AppState {
+            store,
+            nonce_cache: Mutex::new(NonceCache::new(
+                config.max_skew_ms.saturating_mul(2),
+                trust::NONCES_MAX,
+                trust::NONCES_PER_NODE_MAX,
+            )),
+            config,
+            keys: Mutex::new(HashMap::new()),
+            nodes: Mutex::new(HashMap::new()),
+            nonces,
+            heartbeats,
+            submissions,
+            view: tokio::sync::Mutex::new(None),
+            metrics: Metrics::default(),
+            limits: Mutex::new(HashMap::new()),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Checks an API key (`fallow_<id>_<secret>`) and returns who holds it.
+    pub async fn authenticate(&self, presented: &str) -> Result<Caller, ApiError> {
+        let (key_id, secret) =
+            trust::parse_api_key(presented).map_err(|error| ApiError::Unauthorized(error.to_string()))?;
+        let cached = {
+            let keys = self.keys.lock().expect("key cache lock");
+            keys.get(key_id)
+                .filter(|(_, _, at)| at.elapsed() < API_KEY_CACHE_TTL)
+                .map(|(caller, hash, _)| (*caller, hash.clone()))
+        };
+        let (caller, hash) = match cached {
+            Some(found) => found,
+            None => {
+                let record = self
+                    .store
+                    .api_key(key_id)
+                    .await?
+                    .filter(|record| record.revoked_at.is_none())
+                    .ok_or_else(|| {
+                        ApiError::Unauthorized("API key unknown or revoked; ask an admin for a new one".into())
+                    })?;
+                let account = self
+                    .store
+                    .account(record.account_id)
+                    .await?
+                    .ok_or_else(|| ApiError::Unauthorized("the API key's account no longer exists".into()))?;
+                let caller = Caller {
+                    account_id: account.id,
+                    role: account.role,
+                };
+                self.keys
+                    .lock()
+                    .expect("key cache lock")
+                    .insert(key_id.to_string(), (caller, record.secret_hash.clone(), Instant::now()));
+                (caller, record.secret_hash)
+            }
+        };
+        if !trust::verify_secret(secret, &hash) {
+            return Err(ApiError::Unauthorized(
+                "API key does not match; check for a typo".into(),
+            ));
+        }
+        self.rate_limit(false, caller.account_id)?;
+        Ok(caller)
+    }
+
+    pub fn forget_key(&self, key_id: &str) {
+        self.keys.lock().expect("key cache lock").remove(key_id);
+    }
+
+    /// The node's registered public key and provider (cached: a node's key never changes).
+    pub async fn node_identity(&self, node_id: i64) -> Result<NodeIdentity, ApiError> {
+        if let Some(found) = self.nodes.lock().expect("node cache lock").get(&node_id) {
+            return Ok(found.clone());
+        }
+        let record = self
+            .store
+            .node(node_id)
+            .await?
+            .ok_or_else(|| ApiError::Unauthorized(format!("node {node_id} is not registered")))?;
+        let key = trust::parse_public_key(&record.node.public_key)?;
+        let identity = NodeIdentity {
+            key,
+            provider_id: record.node.provider_id,
+        };
+        self.nodes
+            .lock()
+            .expect("node cache lock")
+            .insert(node_id, identity.clone());
+        Ok(identity)
+    }
+
+    /// A token bucket per account (`node` false) or per node (`node` true).
+    pub fn rate_limit(&self, node: bool, id: i64) -> Result<(), ApiError> {
+        let (rate, burst) = if node {
+            (NODE_RATE_PER_S, NODE_BURST)
+        } else {
+            (ACCOUNT_RATE_PER_S, ACCOUNT_BURST)
+        };
+        let mut limits = self.limits.lock().expect("rate limit lock");
+        let bucket = limits.entry((node, id)).or_insert(Bucket {
+            tokens: f64::from(burst),
+            at: Instant::now(),
+        });
+        let elapsed = bucket.at.elapsed().as_secs_f64();
+        bucket.at = Instant::now();
+        bucket.tokens = (bucket.tokens + elapsed * f64::from(rate)).min(f64::from(burst));
+        if bucket.tokens < 1.0 {
+            return Err(ApiError::RateLimited(rate));
+        }
+        bucket.tokens -= 1.0;
+        Ok(())
+    }
+}

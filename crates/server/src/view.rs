@@ -1,0 +1,209 @@
+//! The matcher's in-memory view of the fleet, rebuilt from the store: dense node ids for the
+//! store's ids, the topology from the nodes' region / site / fabric / NVLink names, and the
+//! live leases committed back in, so a restarted coordinator decides exactly as before.
+
+use std::collections::{BTreeMap, HashMap};
+
+use matcher::{Matcher, MatcherConfig, Placement};
+use model::{
+    GpuCatalog, JobId, Lease, LeaseId, LeaseState, Micros, Node, NodeId, ProviderId, RegionId, Tier, Topology,
+};
+use store::{LeaseRecord, NodeRecord};
+
+/// A node's reliability before it has history, and how many outcomes weigh as much as that prior:
+/// a Beta(8, 2) prior, so a new node starts at 0.8 and earns its way up.
+pub const RELIABILITY_PRIOR_OK: u64 = 8;
+pub const RELIABILITY_PRIOR_FAULT: u64 = 2;
+
+/// The reliability estimate from outcomes: the mean of the Beta posterior.
+pub fn reliability(ok: u64, faults: u64) -> f64 {
+    (ok + RELIABILITY_PRIOR_OK) as f64 / (ok + faults + RELIABILITY_PRIOR_OK + RELIABILITY_PRIOR_FAULT) as f64
+}
+
+pub struct FleetView {
+    pub matcher: Matcher,
+    /// Store node id per dense matcher node.
+    pub node_ids: Vec<i64>,
+    pub dense: HashMap<i64, NodeId>,
+    pub records: Vec<NodeRecord>,
+    /// Matcher lease id ↔ store lease id.
+    pub lease_of_store: HashMap<i64, LeaseId>,
+    pub store_of_lease: HashMap<LeaseId, i64>,
+    /// What the view was built from: (nodes version, node count).
+    pub version: (i64, i64),
+}
+
+impl FleetView {
+    /// Builds the view. Nodes whose policy does not parse are kept but offline (and logged).
+    pub fn build(
+        records: Vec<NodeRecord>,
+        leases: &[LeaseRecord],
+        outcomes: &HashMap<i64, (u64, u64)>,
+        version: (i64, i64),
+        config: MatcherConfig,
+    ) -> FleetView {
+        let catalog = GpuCatalog::embedded();
+        let mut topology = Topology::default();
+        let mut regions: BTreeMap<String, RegionId> = BTreeMap::new();
+        let mut sites = BTreeMap::new();
+        let mut fabrics = BTreeMap::new();
+        let mut domains = BTreeMap::new();
+        let mut nodes = Vec::with_capacity(records.len());
+        let mut broken = Vec::new();
+        for (position, record) in records.iter().enumerate() {
+            let node = &record.node;
+            let region = *regions
+                .entry(node.region.clone())
+                .or_insert_with(|| topology.add_region(node.region.clone()));
+            let site = *sites
+                .entry(node.site.clone())
+                .or_insert_with(|| topology.add_site(node.site.clone(), region, node.latitude, node.longitude));
+            let fabric_name = if node.fabric.is_empty() {
+                format!("{}/node-{}", node.site, record.id)
+            } else {
+                format!("{}/{}", node.site, node.fabric)
+            };
+            let fabric = *fabrics
+                .entry(fabric_name.clone())
+                .or_insert_with(|| topology.add_fabric(fabric_name.clone(), site));
+            let domain_name = if node.nvlink_domain.is_empty() {
+                format!("{fabric_name}/node-{}", record.id)
+            } else {
+                format!("{fabric_name}/{}", node.nvlink_domain)
+            };
+            let nvlink = *domains
+                .entry(domain_name)
+                .or_insert_with(|| topology.add_nvlink_domain(fabric, node.gpu_count.clamp(0, 16) as u32));
+            let policy = serde_json::from_str::<api::PolicyDoc>(&node.policy)
+                .ok()
+                .and_then(|doc| doc.to_model().ok());
+            if policy.is_none() {
+                broken.push(position);
+            }
+            let (ok, faults) = outcomes.get(&record.id).copied().unwrap_or((0, 0));
+            let gpu_model = catalog.find(&node.gpu_model).unwrap_or(model::GpuModel(0));
+            nodes.push(Node {
+                id: NodeId(position as u32),
+                name: node.name.clone(),
+                provider: ProviderId(node.provider_id as u32),
+                path: topology.path(nvlink),
+                gpu_model,
+                gpu_count: node.gpu_count.clamp(0, 16) as u8,
+                cpu_milli: node.cpu_milli.clamp(0, i64::from(u32::MAX)) as u32,
+                memory_mib: node.memory_mib.max(0) as u64,
+                network_mbit_s: node.network_mbit_s.clamp(0, i64::from(u32::MAX)) as u32,
+                datasets: dataset_ids(&node.datasets),
+                reliability_ppm: (reliability(ok, faults) * 1e6).round() as u32,
+                policy: policy.unwrap_or_else(|| model::ProviderPolicy::flat(Micros(i64::MAX / 4))),
+                simulated: node.simulated,
+            });
+        }
+        let mut matcher = Matcher::new(topology, nodes, config);
+        let node_ids: Vec<i64> = records.iter().map(|record| record.id).collect();
+        let dense: HashMap<i64, NodeId> = node_ids
+            .iter()
+            .enumerate()
+            .map(|(position, id)| (*id, NodeId(position as u32)))
+            .collect();
+        let mut view = FleetView {
+            matcher: Matcher::new(Topology::default(), Vec::new(), MatcherConfig::default()),
+            node_ids,
+            dense,
+            records,
+            lease_of_store: HashMap::new(),
+            store_of_lease: HashMap::new(),
+            version,
+        };
+        // Leases first, then take the silent and broken nodes offline: a lease on a node that
+        // went silent while the coordinator was down is found by the next liveness pass.
+        let mut by_job: BTreeMap<i64, Vec<&LeaseRecord>> = BTreeMap::new();
+        for lease in leases {
+            by_job.entry(lease.job_id).or_default().push(lease);
+        }
+        for (job, job_leases) in by_job {
+            let tier = Tier::parse(&job_leases[0].lease.tier).unwrap_or(Tier::Silver);
+            let mut planned = Vec::new();
+            for record in &job_leases {
+                let Some(node) = view.dense.get(&record.lease.node_id) else {
+                    continue;
+                };
+                planned.push(Lease {
+                    id: LeaseId(0),
+                    job: JobId(job as u64),
+                    replica: record.lease.replica as u32,
+                    node: *node,
+                    gpu_mask: record.lease.gpu_mask as u16,
+                    gpu_milli: record.lease.gpu_milli as u16,
+                    cpu_milli: record.lease.cpu_milli as u32,
+                    memory_mib: record.lease.memory_mib as u64,
+                    epoch: 0,
+                    start: record.created_at.div_euclid(1_000_000),
+                    expected_end: record.lease.expected_end.div_euclid(1_000_000),
+                    price: Micros(record.lease.price_micros),
+                    state: LeaseState::Running,
+                });
+            }
+            let placement = Placement {
+                job: JobId(job as u64),
+                tier,
+                leases: planned,
+                clearing_price_per_cu_hour: None,
+                preempt_at: None,
+                checkpoint_interval_s: 0,
+            };
+            match matcher.commit(&placement) {
+                Ok(committed) => {
+                    for (lease, record) in committed.iter().zip(&job_leases) {
+                        view.lease_of_store.insert(record.id, lease.id);
+                        view.store_of_lease.insert(lease.id, record.id);
+                    }
+                }
+                Err(error) => {
+                    tracing::error!(job, %error, "a stored lease does not fit its node; left out of the matcher")
+                }
+            }
+        }
+        for (position, record) in view.records.iter().enumerate() {
+            if !record.online || broken.contains(&position) {
+                matcher.set_node_offline(NodeId(position as u32), true);
+            }
+        }
+        if !broken.is_empty() {
+            tracing::error!(count = broken.len(), "nodes with unreadable policies are kept offline");
+        }
+        view.matcher = matcher;
+        view
+    }
+
+    /// Forgets a lease the store ended, freeing its capacity.
+    pub fn release(&mut self, store_lease: i64) -> bool {
+        match self.lease_of_store.remove(&store_lease) {
+            Some(id) => {
+                self.store_of_lease.remove(&id);
+                self.matcher.release_lease(id).is_some()
+            }
+            None => false,
+        }
+    }
+
+    pub fn record_lease(&mut self, store_lease: i64, id: LeaseId) {
+        self.lease_of_store.insert(store_lease, id);
+        self.store_of_lease.insert(id, store_lease);
+    }
+
+    pub fn region(&self, name: &str) -> Option<RegionId> {
+        self.matcher.topology().find_region(name)
+    }
+}
+
+/// The matcher's 64-bit content ids of a node's dataset digests (a JSON array of strings).
+pub fn dataset_ids(json: &str) -> Vec<u64> {
+    let digests: Vec<String> = serde_json::from_str(json).unwrap_or_default();
+    let mut ids: Vec<u64> = digests
+        .iter()
+        .filter_map(|digest| api::dataset_content_id(digest))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}

@@ -1,0 +1,82 @@
+//! Store records to wire views.
+
+use api::{JobRequest, JobView, LeaseView, NodeView, PolicyDoc};
+use store::{JobRecord, LeaseRecord, NodeRecord};
+
+pub fn gpu_indices(mask: i64) -> Vec<u8> {
+    (0..16u8).filter(|bit| mask & (1 << bit) != 0).collect()
+}
+
+pub fn lease_view(lease: &LeaseRecord) -> LeaseView {
+    LeaseView {
+        id: lease.id,
+        job_id: lease.job_id,
+        replica: lease.lease.replica,
+        node_id: lease.lease.node_id,
+        gpu_indices: gpu_indices(lease.lease.gpu_mask),
+        gpu_milli: lease.lease.gpu_milli,
+        cpu_milli: lease.lease.cpu_milli,
+        memory_mib: lease.lease.memory_mib,
+        epoch: lease.epoch,
+        state: lease.state.as_str().to_string(),
+        price_micros_per_gpu_hour: lease.lease.price_micros,
+        gpu_model: lease.lease.gpu_model.clone(),
+        region: lease.lease.region.clone(),
+        created_at_us: lease.created_at,
+        expected_end_us: lease.lease.expected_end,
+        preempt_at_us: lease.lease.preempt_at,
+        ended_at_us: lease.ended_at,
+        end_reason: lease.end_reason.clone(),
+    }
+}
+
+pub fn job_request(job: &JobRecord) -> JobRequest {
+    serde_json::from_str(&job.spec).unwrap_or_default()
+}
+
+pub fn job_view(job: &JobRecord, leases: &[LeaseRecord], cost_micros: i64, escrow_micros: i64) -> JobView {
+    JobView {
+        id: job.id,
+        tenant_id: job.tenant_id,
+        state: job.state.as_str().to_string(),
+        state_reason: job.state_reason.clone(),
+        tier: job.tier.clone(),
+        submitted_at_us: job.submitted_at,
+        updated_at_us: job.updated_at,
+        spec: job_request(job),
+        leases: leases.iter().map(lease_view).collect(),
+        cost_micros,
+        escrow_micros,
+    }
+}
+
+pub fn node_view(record: &NodeRecord, reliability: f64, live_leases: i64, earnings_micros: i64) -> NodeView {
+    let node = &record.node;
+    NodeView {
+        id: record.id,
+        provider_id: node.provider_id,
+        name: node.name.clone(),
+        public_key: node.public_key.clone(),
+        fingerprint: node.fingerprint.clone(),
+        fingerprint_changed_at_us: record.fingerprint_changed_at,
+        gpu_model: node.gpu_model.clone(),
+        gpu_count: node.gpu_count,
+        cpu_milli: node.cpu_milli,
+        memory_mib: node.memory_mib,
+        region: node.region.clone(),
+        site: node.site.clone(),
+        fabric: node.fabric.clone(),
+        nvlink_domain: node.nvlink_domain.clone(),
+        simulated: node.simulated,
+        online: record.online,
+        last_heartbeat_at_us: record.last_heartbeat_at,
+        reliability,
+        policy: serde_json::from_str::<PolicyDoc>(&node.policy).unwrap_or_default(),
+        telemetry: record
+            .telemetry
+            .as_deref()
+            .and_then(|text| serde_json::from_str(text).ok()),
+        live_leases,
+        earnings_micros,
+    }
+}
