@@ -172,6 +172,9 @@ pub struct JobView {
     pub cost_micros: i64,
     /// Money held in escrow for it now.
     pub escrow_micros: i64,
+    /// For a queued job: why no node can take it now, per constraint, in words and numbers.
+    #[serde(default)]
+    pub explanation: Option<String>,
 }
 
 /// One replica of a job bound to GPUs of one node.

@@ -73,7 +73,7 @@ pub async fn ensure_view(state: &AppState) -> Result<(), ApiError> {
 /// Runs until `shutdown` turns true: tries to lead, and while leading, reconciles.
 pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let mut guard = None;
-    let mut ended_since = 0i64;
+    let mut cursor = Cursor::default();
     let mut reasons: HashMap<i64, String> = HashMap::new();
     loop {
         if *shutdown.borrow() {
@@ -85,7 +85,7 @@ pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receive
                     tracing::info!("this replica now leads the reconcile loop");
                     // A new leader starts from the store, not from what it saw as a follower.
                     *state.view.lock().await = None;
-                    ended_since = 0;
+                    cursor = Cursor::default();
                     guard = Some(held);
                     state.metrics.is_leader.store(1, std::sync::atomic::Ordering::Relaxed);
                 }
@@ -95,7 +95,7 @@ pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receive
         }
         if let Some(held) = guard.as_mut() {
             if held.still_held().await {
-                if let Err(error) = pass(&state, &mut ended_since, &mut reasons).await {
+                if let Err(error) = pass(&state, &mut cursor, &mut reasons).await {
                     tracing::warn!(%error, "reconcile pass failed; retrying");
                 }
                 Metrics::add(&state.metrics.reconcile_passes, 1);
@@ -118,8 +118,21 @@ pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receive
     }
 }
 
+/// Changes are re-read this far behind the cursor: a replica's write stamped just before the
+/// cursor moved may commit just after it. Applying a change twice is harmless.
+pub const CHANGE_OVERLAP_US: i64 = 5_000_000;
+
+/// How far the leader has read the store's changes (microseconds).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cursor {
+    /// Leases that ended at or after this are released from the matcher.
+    pub ended_since: i64,
+    /// Nodes that went on or off line at or after this are updated in the matcher.
+    pub online_since: i64,
+}
+
 /// One reconcile pass. Public so tests can drive the loop step by step.
-pub async fn pass(state: &AppState, ended_since: &mut i64, reasons: &mut HashMap<i64, String>) -> Result<(), ApiError> {
+pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i64, String>) -> Result<(), ApiError> {
     let now = now_us();
     let version = state.store.nodes_version().await?;
     let rebuild = state
@@ -129,19 +142,37 @@ pub async fn pass(state: &AppState, ended_since: &mut i64, reasons: &mut HashMap
         .as_ref()
         .is_none_or(|view| view.version != version);
     if rebuild {
+        // Everything that changes after `now` is read again below; applying it twice is harmless.
         let built = build_view(state).await?;
         *state.view.lock().await = Some(built);
-        *ended_since = now;
+        cursor.ended_since = now;
+        cursor.online_since = now;
+    }
+    // Nodes that came back (heartbeats reach any replica) or went away.
+    let changes = state
+        .store
+        .online_changes_since(cursor.online_since - CHANGE_OVERLAP_US)
+        .await?;
+    if !changes.is_empty() {
+        let mut view = state.view.lock().await;
+        let view = view.as_mut().expect("built above");
+        for (node, online, at) in changes {
+            view.set_online(node, online);
+            cursor.online_since = cursor.online_since.max(at);
+        }
     }
     lose_silent_nodes(state, now).await?;
     // Leases that ended (reported to any replica) free their capacity.
-    let ended = state.store.leases_ended_since(*ended_since).await?;
-    {
+    let ended = state
+        .store
+        .leases_ended_since(cursor.ended_since - CHANGE_OVERLAP_US)
+        .await?;
+    if !ended.is_empty() {
         let mut view = state.view.lock().await;
         let view = view.as_mut().expect("built above");
         for (lease, at) in &ended {
             view.release(*lease);
-            *ended_since = (*ended_since).max(*at);
+            cursor.ended_since = cursor.ended_since.max(*at);
         }
     }
     // Preemptions whose grace has run out: the victim's lease ends and its job queues again.
@@ -174,6 +205,9 @@ async fn lose_silent_nodes(state: &AppState, now: i64) -> Result<(), ApiError> {
             continue;
         }
         tracing::warn!(node, "node went silent; its leases are lost");
+        if let Some(view) = state.view.lock().await.as_mut() {
+            view.set_online(node, false);
+        }
         state.store.record_outcome(node, "node_fault", now).await?;
         let mut jobs = Vec::new();
         for lease in state.store.live_leases_of_node(node).await? {

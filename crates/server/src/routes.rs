@@ -126,7 +126,23 @@ pub async fn list_jobs(
 
 pub async fn show_job(State(state): AppStateRef, Auth(caller): Auth, Path(id): Path<i64>) -> ApiResult<Json<JobView>> {
     let job = own_job(&state, &caller, id).await?;
-    Ok(Json(full_job_view(&state, &job).await?))
+    let mut view = full_job_view(&state, &job).await?;
+    if job.state == JobState::Queued {
+        view.explanation = explain_queued(&state, &job).await?;
+    }
+    Ok(Json(view))
+}
+
+/// Why a queued job waits: the matcher's per-constraint account (O(nodes), on request only).
+async fn explain_queued(state: &AppState, job: &JobRecord) -> ApiResult<Option<String>> {
+    crate::reconcile::ensure_view(state).await?;
+    let fleet = state.view.lock().await;
+    let Some(fleet) = fleet.as_ref() else { return Ok(None) };
+    let now_s = now_us() / 1_000_000;
+    let Ok(spec) = job_request(job).to_spec(job.id, job.tenant_id, now_s, |name| fleet.region(name)) else {
+        return Ok(None);
+    };
+    Ok(Some(fleet.matcher.explain(&spec, now_s).message))
 }
 
 /// Ends a job and releases its escrow; its live leases end with `leases_to` (agents stop them).

@@ -186,6 +186,21 @@ impl FleetView {
         }
     }
 
+    /// Applies a node going on or off line; off line frees (and forgets) its leases in the matcher.
+    pub fn set_online(&mut self, store_node: i64, online: bool) {
+        let Some(node) = self.dense.get(&store_node).copied() else {
+            return;
+        };
+        if let Some(record) = self.records.get_mut(node.index()) {
+            record.online = online;
+        }
+        for lease in self.matcher.set_node_offline(node, !online) {
+            if let Some(store_lease) = self.store_of_lease.remove(&lease.id) {
+                self.lease_of_store.remove(&store_lease);
+            }
+        }
+    }
+
     pub fn record_lease(&mut self, store_lease: i64, id: LeaseId) {
         self.lease_of_store.insert(store_lease, id);
         self.store_of_lease.insert(id, store_lease);

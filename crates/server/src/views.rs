@@ -47,6 +47,7 @@ pub fn job_view(job: &JobRecord, leases: &[LeaseRecord], cost_micros: i64, escro
         leases: leases.iter().map(lease_view).collect(),
         cost_micros,
         escrow_micros,
+        explanation: None,
     }
 }
 

@@ -118,7 +118,8 @@ impl Store {
     }
 
     /// The highest `updated_at` over all nodes and how many there are: the matcher rebuilds
-    /// when either changes.
+    /// when either changes (a registration, a policy, a fingerprint or the datasets held, not
+    /// a node going on or off line: see `online_changes_since`).
     pub async fn nodes_version(&self) -> Result<(i64, i64)> {
         let row =
             sqlx::query("SELECT CAST(COALESCE(MAX(updated_at), 0) AS BIGINT) AS version, COUNT(*) AS count FROM nodes")
@@ -153,7 +154,7 @@ impl Store {
     }
 
     /// Records a batch of heartbeats in one transaction (group commit). A node that was offline
-    /// comes back online, and its `updated_at` moves so the matcher notices.
+    /// comes back online (`online_changed_at` moves); new datasets move `updated_at`.
     pub async fn record_heartbeats(&self, beats: &[Heartbeat]) -> Result<()> {
         if beats.is_empty() {
             return Ok(());
@@ -162,7 +163,8 @@ impl Store {
         for beat in beats {
             sqlx::query(
                 "UPDATE nodes SET last_heartbeat_at = $1, telemetry = $2, datasets = COALESCE($3, datasets), \
-                 updated_at = CASE WHEN online = 0 OR ($3 IS NOT NULL AND $3 <> datasets) THEN $1 ELSE updated_at END, \
+                 updated_at = CASE WHEN $3 IS NOT NULL AND $3 <> datasets THEN $1 ELSE updated_at END, \
+                 online_changed_at = CASE WHEN online = 0 THEN $1 ELSE online_changed_at END, \
                  online = 1 WHERE id = $4",
             )
             .bind(beat.at)
@@ -188,7 +190,7 @@ impl Store {
     }
 
     pub async fn set_node_offline(&self, id: i64, now: i64) -> Result<bool> {
-        let done = sqlx::query("UPDATE nodes SET online = 0, updated_at = $1 WHERE id = $2 AND online = 1")
+        let done = sqlx::query("UPDATE nodes SET online = 0, online_changed_at = $1 WHERE id = $2 AND online = 1")
             .bind(now)
             .bind(id)
             .execute(&self.pool)
@@ -226,5 +228,24 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected())
+    }
+
+    /// Nodes whose online state changed at or after `since`: (id, online, changed at).
+    pub async fn online_changes_since(&self, since: i64) -> Result<Vec<(i64, bool, i64)>> {
+        let rows = sqlx::query(
+            "SELECT id, online, online_changed_at FROM nodes WHERE online_changed_at >= $1 ORDER BY online_changed_at, id",
+        )
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get("id")?,
+                    row.try_get::<i64, _>("online")? != 0,
+                    row.try_get("online_changed_at")?,
+                ))
+            })
+            .collect()
     }
 }

@@ -34,14 +34,16 @@ async fn backends() -> Vec<(&'static str, Store)> {
     match std::env::var("FALLOW_TEST_POSTGRES_URL") {
         Ok(url) => {
             let name = unique("fallow_t");
-            let admin = Store::open(&url)
+            // The base database only hosts CREATE DATABASE: no migrations are applied to it.
+            sqlx::any::install_default_drivers();
+            let mut admin = <sqlx::AnyConnection as sqlx::Connection>::connect(&url)
                 .await
-                .expect("PostgreSQL at FALLOW_TEST_POSTGRES_URL opens");
+                .expect("PostgreSQL at FALLOW_TEST_POSTGRES_URL answers");
             sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                .execute(admin.pool())
+                .execute(&mut admin)
                 .await
                 .expect("create a test database");
-            admin.close().await;
+            let _ = sqlx::Connection::close(admin).await;
             let (base, _) = url.rsplit_once('/').expect("URL names a database");
             let store = Store::open(&format!("{base}/{name}"))
                 .await
@@ -195,7 +197,12 @@ async fn nodes_heartbeats_and_nonces() {
         assert_eq!(
             store.nodes_version().await.unwrap().0,
             100,
-            "{backend}: coming online moves the version"
+            "{backend}: new datasets move the version"
+        );
+        assert_eq!(
+            store.online_changes_since(100).await.unwrap(),
+            vec![(first.id, true, 100), (second.id, true, 100)],
+            "{backend}: coming online is a change of its own"
         );
         store
             .record_heartbeats(&[Heartbeat {
@@ -208,6 +215,15 @@ async fn nodes_heartbeats_and_nonces() {
             .unwrap();
         assert_eq!(store.silent_nodes(150).await.unwrap(), vec![second.id], "{backend}");
         assert!(store.set_node_offline(second.id, 300).await.unwrap());
+        assert_eq!(
+            store.online_changes_since(300).await.unwrap(),
+            vec![(second.id, false, 300)]
+        );
+        assert_eq!(
+            store.nodes_version().await.unwrap().0,
+            100,
+            "{backend}: going offline does not rebuild"
+        );
         assert!(!store.set_node_offline(second.id, 301).await.unwrap());
         assert!(store.silent_nodes(150).await.unwrap().is_empty());
         assert!(store.set_node_policy(first.id, "{\"x\":1}", 400).await.unwrap());

@@ -40,9 +40,11 @@ CREATE TABLE nodes (
     updated_at BIGINT NOT NULL,
     last_heartbeat_at BIGINT,
     online BIGINT NOT NULL DEFAULT 0,
+    online_changed_at BIGINT NOT NULL DEFAULT 0,
     telemetry TEXT,
     UNIQUE (provider_id, name)
 );
+CREATE INDEX nodes_online_changed ON nodes(online_changed_at);
 CREATE TABLE jobs (
     id BIGSERIAL PRIMARY KEY,
     tenant_id BIGINT NOT NULL REFERENCES accounts(id),
