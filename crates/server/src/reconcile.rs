@@ -205,9 +205,10 @@ async fn lose_silent_nodes(state: &AppState, now: i64) -> Result<(), ApiError> {
             continue;
         }
         tracing::warn!(node, "node went silent; its leases are lost");
-        if let Some(view) = state.view.lock().await.as_mut() {
-            view.set_online(node, false);
-        }
+        let freed = match state.view.lock().await.as_mut() {
+            Some(view) => view.set_online(node, false),
+            None => Vec::new(),
+        };
         state.store.record_outcome(node, "node_fault", now).await?;
         let mut jobs = Vec::new();
         for lease in state.store.live_leases_of_node(node).await? {
@@ -223,13 +224,25 @@ async fn lose_silent_nodes(state: &AppState, now: i64) -> Result<(), ApiError> {
         }
         jobs.dedup();
         for job in jobs {
-            // A gang restarts whole: its surviving replicas stop and the job queues again.
+            let lost: Vec<model::Lease> = freed
+                .iter()
+                .filter(|lease| lease.job.0 == job as u64)
+                .cloned()
+                .collect();
+            if repair_gang(state, job, &lost, now).await? {
+                continue;
+            }
+            // A gang that cannot be repaired restarts whole: its surviving replicas stop and
+            // the job queues again.
             for lease in state.store.leases_of_job(job).await? {
-                if lease.state.is_live() {
-                    state
+                if lease.state.is_live()
+                    && let Some(ended) = state
                         .store
                         .end_lease(lease.id, LeaseState::Cancelled, "a replica of the gang was lost", now)
-                        .await?;
+                        .await?
+                    && let Some(view) = state.view.lock().await.as_mut()
+                {
+                    view.release(ended.id);
                 }
             }
             state
@@ -239,6 +252,71 @@ async fn lose_silent_nodes(state: &AppState, now: i64) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// Replaces a running gang's lost replicas next to its survivors (same NVLink domain, then
+/// fabric, preempting bronze if needed). False when the job is not a gang with survivors or no
+/// replacement fits: then the caller restarts it whole.
+async fn repair_gang(state: &AppState, job_id: i64, lost: &[model::Lease], now: i64) -> Result<bool, ApiError> {
+    let Some(job) = state.store.job(job_id).await? else {
+        return Ok(false);
+    };
+    if lost.is_empty() || job.state != JobState::Running {
+        return Ok(false);
+    }
+    let now_s = now / 1_000_000;
+    let catalog = GpuCatalog::embedded();
+    let (writes, victims_due) = {
+        let mut guard = state.view.lock().await;
+        let Some(view) = guard.as_mut() else { return Ok(false) };
+        let request = crate::views::job_request(&job);
+        let Ok(spec) = request.to_spec(job.id, job.tenant_id, job.submitted_at / 1_000_000, |name| {
+            view.region(name)
+        }) else {
+            return Ok(false);
+        };
+        if spec.replicas < 2 || view.matcher.job_leases(spec.id).is_empty() {
+            return Ok(false);
+        }
+        let Ok(plan) = view.matcher.plan_repair(&spec, lost, now_s) else {
+            return Ok(false);
+        };
+        let Ok(committed) = view.matcher.commit_repair(&plan) else {
+            return Ok(false);
+        };
+        let mut victims_due = Vec::new();
+        for victim in &plan.victims {
+            if let Some(store_lease) = view.store_of_lease.remove(&victim.lease) {
+                view.lease_of_store.remove(&store_lease);
+                victims_due.push((store_lease, now + i64::from(victim.grace_s) * 1_000_000));
+            }
+        }
+        let leases = new_leases(view, &plan.placement, &committed, &spec, catalog, now);
+        (
+            leases
+                .into_iter()
+                .zip(committed.iter().map(|lease| lease.id))
+                .collect::<Vec<_>>(),
+            victims_due,
+        )
+    };
+    for (lease, at) in victims_due {
+        state.store.set_lease_preempt_at(lease, Some(at)).await?;
+    }
+    let (new, ids): (Vec<NewLease>, Vec<model::LeaseId>) = writes.into_iter().unzip();
+    let records = state.store.add_leases(job_id, &new, now).await?;
+    if let Some(view) = state.view.lock().await.as_mut() {
+        for (record, id) in records.iter().zip(ids) {
+            view.record_lease(record.id, id);
+        }
+    }
+    Metrics::add(&state.metrics.leases_granted, records.len() as u64);
+    tracing::info!(
+        job = job_id,
+        replicas = records.len(),
+        "repaired a gang after a node loss"
+    );
+    Ok(true)
 }
 
 struct Pending {

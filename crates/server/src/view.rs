@@ -187,18 +187,21 @@ impl FleetView {
     }
 
     /// Applies a node going on or off line; off line frees (and forgets) its leases in the matcher.
-    pub fn set_online(&mut self, store_node: i64, online: bool) {
+    /// Returns the leases it freed, for gang repair.
+    pub fn set_online(&mut self, store_node: i64, online: bool) -> Vec<Lease> {
         let Some(node) = self.dense.get(&store_node).copied() else {
-            return;
+            return Vec::new();
         };
         if let Some(record) = self.records.get_mut(node.index()) {
             record.online = online;
         }
-        for lease in self.matcher.set_node_offline(node, !online) {
+        let lost = self.matcher.set_node_offline(node, !online);
+        for lease in &lost {
             if let Some(store_lease) = self.store_of_lease.remove(&lease.id) {
                 self.lease_of_store.remove(&store_lease);
             }
         }
+        lost
     }
 
     pub fn record_lease(&mut self, store_lease: i64, id: LeaseId) {
