@@ -521,8 +521,30 @@ fn new_leases(
                 gpu_model: catalog.spec(node.gpu_model).name.clone(),
                 region: view.matcher.topology().region_name(node.path.region).to_string(),
                 expected_end: now + i64::from(spec.max_runtime_s) * 1_000_000,
-                preempt_at: placement.preempt_at.map(|at| at * 1_000_000),
+                preempt_at: preempt_at(node, placement, spec, now, view.matcher.config().preemption_grace_s),
             }
         })
         .collect()
+}
+
+/// When an interruptible lease must stop: before a reservation takes its GPUs, or when the
+/// provider's availability window closes (SIGTERM a grace period before the end, so the node is
+/// free when the window ends). Gold and silver only go where the window covers their runtime.
+fn preempt_at(node: &model::Node, placement: &Placement, spec: &model::JobSpec, now: i64, grace_s: u32) -> Option<i64> {
+    let reservation = placement.preempt_at.map(|at| at * 1_000_000);
+    if !spec.interruptible() {
+        return reservation;
+    }
+    let grace_us = i64::from(grace_s) * 1_000_000;
+    let expected_end = now + i64::from(spec.max_runtime_s) * 1_000_000;
+    let window_end = node
+        .policy
+        .available_until(now / 1_000_000)
+        .filter(|end| *end != i64::MAX)
+        .map(|end| (end * 1_000_000 - grace_us).max(now))
+        .filter(|at| *at < expected_end);
+    match (reservation, window_end) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
