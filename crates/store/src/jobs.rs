@@ -69,30 +69,23 @@ impl Store {
         if jobs.is_empty() {
             return Ok(out);
         }
-        let mut transaction = self.pool.begin().await?;
+        let mut transaction = self.begin_write().await?;
         for job in jobs {
-            if let Some(token) = &job.client_token {
-                let query = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE tenant_id = $1 AND client_token = $2");
-                let existing = sqlx::query(sqlx::AssertSqlSafe(query))
-                    .bind(job.tenant_id)
-                    .bind(token)
-                    .fetch_optional(&mut *transaction)
-                    .await?;
-                if let Some(row) = existing {
-                    out.push(job_from(&row)?);
-                    continue;
-                }
-            }
-            let row = sqlx::query(
+            // The write comes first. On SQLite a transaction that reads before it writes fails
+            // at once ("database is locked") when another connection committed in between; on
+            // PostgreSQL, ON CONFLICT waits for a concurrent insert of the same token instead
+            // of failing the whole batch.
+            let inserted = sqlx::query(
                 "INSERT INTO jobs (tenant_id, client_token, spec, tier, state, state_reason, submitted_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, 'queued', '', $5, $5) RETURNING id",
+                 VALUES ($1, $2, $3, $4, 'queued', '', $5, $5) \
+                 ON CONFLICT (tenant_id, client_token) DO NOTHING RETURNING id",
             )
             .bind(job.tenant_id)
             .bind(job.client_token.as_deref())
             .bind(&job.spec)
             .bind(&job.tier)
             .bind(job.submitted_at)
-            .fetch_one(&mut *transaction)
+            .fetch_optional(&mut *transaction)
             .await
             .map_err(|error| {
                 if is_unique_violation(&error) {
@@ -101,6 +94,18 @@ impl Store {
                     error.into()
                 }
             })?;
+            let Some(row) = inserted else {
+                // The tenant used this token before: the job first submitted with it.
+                let query = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE tenant_id = $1 AND client_token = $2");
+                let existing = sqlx::query(sqlx::AssertSqlSafe(query))
+                    .bind(job.tenant_id)
+                    .bind(job.client_token.as_deref())
+                    .fetch_optional(&mut *transaction)
+                    .await?
+                    .ok_or_else(|| StoreError::Conflict("a job with this client token".to_string()))?;
+                out.push(job_from(&existing)?);
+                continue;
+            };
             out.push(JobRecord {
                 id: row.try_get("id")?,
                 tenant_id: job.tenant_id,
@@ -201,7 +206,7 @@ impl Store {
         leases: &[NewLease],
         now: i64,
     ) -> Result<Option<Vec<LeaseRecord>>> {
-        let mut transaction = self.pool.begin().await?;
+        let mut transaction = self.begin_write().await?;
         let moved = sqlx::query(
             "UPDATE jobs SET state = 'running', state_reason = '', updated_at = $1 WHERE id = $2 AND state = 'queued'",
         )
@@ -223,7 +228,7 @@ impl Store {
 
     /// Adds leases to a running job (gang repair), in one transaction.
     pub async fn add_leases(&self, job_id: i64, leases: &[NewLease], now: i64) -> Result<Vec<LeaseRecord>> {
-        let mut transaction = self.pool.begin().await?;
+        let mut transaction = self.begin_write().await?;
         let mut out = Vec::with_capacity(leases.len());
         for lease in leases {
             out.push(insert_lease(&mut transaction, job_id, lease, now).await?);
@@ -403,7 +408,7 @@ impl Store {
         if batch.is_empty() {
             return Ok(out);
         }
-        let mut transaction = self.pool.begin().await?;
+        let mut transaction = self.begin_write().await?;
         for write in batch {
             let moved = sqlx::query(
                 "UPDATE jobs SET state = 'running', state_reason = '', updated_at = $1 WHERE id = $2 AND state = 'queued'",
@@ -433,7 +438,7 @@ impl Store {
     /// bumped, so agents stop them) and releases its escrow, in one transaction. Returns the
     /// leases it ended, or None when the job was not in one of `end.from`.
     pub async fn end_job(&self, end: &JobEnd, now: i64) -> Result<Option<Vec<LeaseRecord>>> {
-        let mut transaction = self.pool.begin().await?;
+        let mut transaction = self.begin_write().await?;
         let query = format!(
             "UPDATE jobs SET state = $1, state_reason = $2, updated_at = $3 WHERE id = $4 AND state IN ({})",
             placeholders(5, end.from.len())

@@ -28,7 +28,7 @@ impl Store {
     /// `Duplicate`; with other entries, a `Conflict`. A floor that would be broken is `Refused`
     /// and nothing is written.
     pub async fn apply_ledger(&self, transaction: &LedgerTransactionRow, floors: &[i64]) -> Result<LedgerOutcome> {
-        let mut db = self.pool.begin().await?;
+        let mut db = self.begin_write().await?;
         let outcome = apply_ledger_in(&mut db, transaction, floors).await;
         match outcome {
             Ok(LedgerOutcome::New) => {

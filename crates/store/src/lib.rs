@@ -135,6 +135,16 @@ impl Store {
         })
     }
 
+    /// Begins a transaction that writes. On SQLite it takes the write lock at once
+    /// (`BEGIN IMMEDIATE`): a deferred transaction that reads first and writes later fails with
+    /// "database is locked" when another writer commits in between, whatever the busy timeout.
+    pub(crate) async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>> {
+        Ok(match self.backend {
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            Backend::Postgres => self.pool.begin().await?,
+        })
+    }
+
     pub fn backend(&self) -> Backend {
         self.backend
     }

@@ -159,7 +159,7 @@ impl Store {
         if beats.is_empty() {
             return Ok(());
         }
-        let mut transaction = self.pool.begin().await?;
+        let mut transaction = self.begin_write().await?;
         for beat in beats {
             sqlx::query(
                 "UPDATE nodes SET last_heartbeat_at = $1, telemetry = $2, datasets = COALESCE($3, datasets), \
@@ -205,7 +205,7 @@ impl Store {
         if nonces.is_empty() {
             return Ok(fresh);
         }
-        let mut transaction = self.pool.begin().await?;
+        let mut transaction = self.begin_write().await?;
         for (node_id, nonce, at) in nonces {
             let done = sqlx::query(
                 "INSERT INTO nonces (node_id, nonce, seen_at) VALUES ($1, $2, $3) ON CONFLICT (node_id, nonce) DO NOTHING",
