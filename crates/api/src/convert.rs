@@ -214,10 +214,11 @@ impl JobRequest {
         if !matches!(self.network.as_str(), "none" | "bridge") {
             return bad(format!("network: {:?} is not none or bridge", self.network));
         }
+        // Control characters too: PostgreSQL cannot store a NUL, and a token is typed, not binary.
         if let Some(token) = &self.client_token
-            && (token.is_empty() || token.len() > 128)
+            && (token.is_empty() || token.len() > 128 || token.chars().any(char::is_control))
         {
-            return bad("client_token: give 1–128 characters");
+            return bad("client_token: give 1–128 printable characters");
         }
         Ok(JobSpec {
             id: JobId(id as u64),

@@ -21,6 +21,8 @@ pub enum ApiError {
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
+    MethodNotAllowed(String),
+    #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
     TooLarge(String),
@@ -42,6 +44,7 @@ impl ApiError {
             ApiError::PaymentRequired(_) => (StatusCode::PAYMENT_REQUIRED, "payment_required"),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             ApiError::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
@@ -64,7 +67,16 @@ impl IntoResponse for ApiError {
                 message: self.to_string(),
             },
         };
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body stays unread, so this connection cannot serve another
+            // request; saying so keeps the client from sending its next one down it.
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        response
     }
 }
 
@@ -90,6 +102,8 @@ impl From<TrustError> for ApiError {
         match error {
             TrustError::NonceCacheFull => ApiError::Unavailable(error.to_string()),
             TrustError::BadHeader { .. } | TrustError::BadKey(_) => ApiError::BadRequest(error.to_string()),
+            // As the trust crate documents: the request was authentic, but already served.
+            TrustError::Replayed => ApiError::Conflict(error.to_string()),
             _ => ApiError::Unauthorized(error.to_string()),
         }
     }

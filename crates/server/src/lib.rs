@@ -64,6 +64,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/keys/rotate", post(routes::rotate_key))
         .route("/v1/admin/credits", post(routes::credit))
         .route("/v1/admin/evidence", get(routes::evidence))
+        .method_not_allowed_fallback(|method: axum::http::Method| async move {
+            ApiError::MethodNotAllowed(format!("{method} is not allowed here; see /v1/openapi.json"))
+        })
         .fallback(|| async { ApiError::NotFound("no such endpoint; see /v1/openapi.json".into()) })
         .layer(DefaultBodyLimit::max(api::REQUEST_BODY_BYTES_MAX))
         .with_state(state)
@@ -75,7 +78,13 @@ pub async fn bootstrap_admin(store: &Store, data_dir: &Path) -> anyhow_like::Res
     if store.account_by_name("admin").await?.is_some() {
         return Ok(None);
     }
-    let account = store.create_account(Role::Admin, "admin", now_us()).await?;
+    let account = match store.create_account(Role::Admin, "admin", now_us()).await {
+        Ok(account) => account,
+        // Replicas started together on a new database: another one made it between our check
+        // and our insert, and wrote the key to its own data directory.
+        Err(store::StoreError::Conflict(_)) => return Ok(None),
+        Err(error) => return Err(error.into()),
+    };
     let key = trust::generate_api_key();
     store
         .insert_api_key(&store::ApiKeyRecord {

@@ -82,6 +82,16 @@ pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receive
         if guard.is_none() {
             match state.store.try_lead().await {
                 Ok(Some(held)) => {
+                    // Fence off the previous leader first: this waits for its last placement
+                    // to commit (so the view below sees it) and makes any later one fail.
+                    match state.store.take_leadership().await {
+                        Ok(epoch) => state.fence.store(epoch, std::sync::atomic::Ordering::SeqCst),
+                        Err(error) => {
+                            tracing::warn!(%error, "could not take the leadership epoch");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            continue;
+                        }
+                    }
                     tracing::info!("this replica now leads the reconcile loop");
                     // A new leader starts from the store, not from what it saw as a follower.
                     *state.view.lock().await = None;
@@ -95,8 +105,14 @@ pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receive
         }
         if let Some(held) = guard.as_mut() {
             if held.still_held().await {
-                if let Err(error) = pass(&state, &mut cursor, &mut reasons).await {
-                    tracing::warn!(%error, "reconcile pass failed; retrying");
+                match pass(&state, &mut cursor, &mut reasons).await {
+                    Ok(()) => {}
+                    Err(ApiError::Unavailable(message)) if message.contains("fenced") => {
+                        tracing::warn!(%message, "another replica leads now; following");
+                        guard = None;
+                        state.metrics.is_leader.store(0, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(error) => tracing::warn!(%error, "reconcile pass failed; retrying"),
                 }
                 Metrics::add(&state.metrics.reconcile_passes, 1);
             } else {
@@ -304,7 +320,8 @@ async fn repair_gang(state: &AppState, job_id: i64, lost: &[model::Lease], now: 
         state.store.set_lease_preempt_at(lease, Some(at)).await?;
     }
     let (new, ids): (Vec<NewLease>, Vec<model::LeaseId>) = writes.into_iter().unzip();
-    let records = state.store.add_leases(job_id, &new, now).await?;
+    let fence = state.fence.load(std::sync::atomic::Ordering::SeqCst);
+    let records = state.store.add_leases(job_id, &new, now, fence).await?;
     if let Some(view) = state.view.lock().await.as_mut() {
         for (record, id) in records.iter().zip(ids) {
             view.record_lease(record.id, id);
@@ -457,7 +474,10 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
         .chunks(PLACEMENTS_PER_COMMIT_MAX)
         .zip(pending.chunks(PLACEMENTS_PER_COMMIT_MAX))
     {
-        let result = state.store.commit_placements(writes, now).await;
+        let result = state
+            .store
+            .commit_placements(writes, now, state.fence.load(std::sync::atomic::Ordering::SeqCst))
+            .await;
         let mut guard = state.view.lock().await;
         let view = guard.as_mut().expect("built before placing");
         match result {
@@ -481,6 +501,9 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
                 tracing::warn!(%error, "placements were not written; their jobs stay queued");
                 for pending in pending {
                     view.matcher.release_job(pending.matcher_job, now / 1_000_000);
+                }
+                if matches!(error, store::StoreError::Fenced(_)) {
+                    return Err(error.into());
                 }
             }
         }

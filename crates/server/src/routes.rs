@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use api::*;
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use ledger::Account;
 use model::{GpuCatalog, Micros};
@@ -16,7 +16,7 @@ use serde::Deserialize;
 use store::{JobEnd, JobRecord, JobState, LeaseState, NewJob, NewNode, Role};
 
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{Auth, JsonBody, Signed};
+use crate::extract::{Auth, JsonBody, Path, Query, Signed};
 use crate::money;
 use crate::state::{AppState, Caller, LONG_POLL_MS_MAX, Metrics, now_us};
 use crate::views::{job_request, job_view, lease_view, node_view};
@@ -724,11 +724,13 @@ pub async fn lease_event(
             )));
         }
     };
-    check_name("detail", &event.detail.chars().take(128).collect::<String>(), false)?;
+    // A long detail is cut to 128 characters; what is stored is exactly what was checked.
+    let reported: String = event.detail.chars().take(128).collect();
+    check_name("detail", &reported, false)?;
     let now = now_us();
     if !state
         .store
-        .set_lease_state(lease_id, event.epoch, to, &event.detail, now)
+        .set_lease_state(lease_id, event.epoch, to, &reported, now)
         .await?
     {
         return Err(ApiError::Conflict(format!(
@@ -737,8 +739,8 @@ pub async fn lease_event(
         )));
     }
     let detail = match event.exit_code {
-        Some(code) => format!("exit code {code}; {}", event.detail),
-        None => event.detail.clone(),
+        Some(code) => format!("exit code {code}; {reported}"),
+        None => reported,
     };
     state
         .store

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use matcher::MatcherConfig;
@@ -115,6 +115,8 @@ pub struct AppState {
     pub metrics: Metrics,
     limits: Mutex<HashMap<(bool, i64), Bucket>>,
     pub wake: tokio::sync::Notify,
+    /// The leadership epoch this replica placed under (fencing token; 0 when not leading).
+    pub fence: AtomicI64,
 }
 
 pub fn now_us() -> i64 {
@@ -164,6 +166,7 @@ impl AppState {
             metrics: Metrics::default(),
             limits: Mutex::new(HashMap::new()),
             wake: tokio::sync::Notify::new(),
+            fence: AtomicI64::new(0),
         }
     }
 

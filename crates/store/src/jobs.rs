@@ -227,8 +227,9 @@ impl Store {
     }
 
     /// Adds leases to a running job (gang repair), in one transaction.
-    pub async fn add_leases(&self, job_id: i64, leases: &[NewLease], now: i64) -> Result<Vec<LeaseRecord>> {
+    pub async fn add_leases(&self, job_id: i64, leases: &[NewLease], now: i64, fence: i64) -> Result<Vec<LeaseRecord>> {
         let mut transaction = self.begin_write().await?;
+        check_fence(&mut transaction, fence).await?;
         let mut out = Vec::with_capacity(leases.len());
         for lease in leases {
             out.push(insert_lease(&mut transaction, job_id, lease, now).await?);
@@ -403,12 +404,18 @@ impl Store {
     /// Commits many placements in one transaction (group commit). For each, the leases, or
     /// None when the job was no longer queued. A hold the ledger refuses fails the whole batch
     /// (nothing is written), so the caller checks balances first.
-    pub async fn commit_placements(&self, batch: &[PlacementWrite], now: i64) -> Result<Vec<Option<Vec<LeaseRecord>>>> {
+    pub async fn commit_placements(
+        &self,
+        batch: &[PlacementWrite],
+        now: i64,
+        fence: i64,
+    ) -> Result<Vec<Option<Vec<LeaseRecord>>>> {
         let mut out = Vec::with_capacity(batch.len());
         if batch.is_empty() {
             return Ok(out);
         }
         let mut transaction = self.begin_write().await?;
+        check_fence(&mut transaction, fence).await?;
         for write in batch {
             let moved = sqlx::query(
                 "UPDATE jobs SET state = 'running', state_reason = '', updated_at = $1 WHERE id = $2 AND state = 'queued'",
@@ -515,5 +522,19 @@ impl Store {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(lease_from).collect()
+    }
+}
+
+/// Fails unless `fence` is the current leadership epoch; holds the row until the transaction
+/// ends, so a new leader's `take_leadership` waits for this commit.
+async fn check_fence(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, fence: i64) -> Result<()> {
+    let current = sqlx::query("UPDATE leadership SET epoch = epoch WHERE id = 1 AND epoch = $1")
+        .bind(fence)
+        .execute(&mut **transaction)
+        .await?;
+    if current.rows_affected() == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::Fenced(fence))
     }
 }

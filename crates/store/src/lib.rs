@@ -40,6 +40,8 @@ pub enum StoreError {
     NotFound(String),
     #[error("refused: {0}")]
     Refused(String),
+    #[error("fenced: another replica took the reconcile leadership (epoch {0} is stale)")]
+    Fenced(i64),
     #[error("stored row is corrupt: {0}")]
     Corrupt(String),
 }
@@ -143,6 +145,17 @@ impl Store {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Backend::Postgres => self.pool.begin().await?,
         })
+    }
+
+    /// Takes the reconcile leadership's next fencing epoch. Row locks make it wait for any
+    /// placement still committing under the previous epoch; later ones fail with `Fenced`.
+    pub async fn take_leadership(&self) -> Result<i64> {
+        let mut transaction = self.begin_write().await?;
+        let row = sqlx::query("UPDATE leadership SET epoch = epoch + 1 WHERE id = 1 RETURNING epoch")
+            .fetch_one(&mut *transaction)
+            .await?;
+        transaction.commit().await?;
+        Ok(row.try_get("epoch")?)
     }
 
     pub fn backend(&self) -> Backend {

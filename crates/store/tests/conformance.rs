@@ -497,3 +497,44 @@ async fn leadership() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_deposed_leader_cannot_place() {
+    on_every_backend(|backend, store| async move {
+        let tenant = store.create_account(Role::Tenant, "t", 1).await.unwrap();
+        let provider = store.create_account(Role::Provider, "p", 1).await.unwrap();
+        let host = store.insert_node(&node(provider.id, "n1"), 1).await.unwrap();
+        let jobs = store
+            .insert_jobs(&[job(tenant.id, None), job(tenant.id, None)])
+            .await
+            .unwrap();
+        let old = store.take_leadership().await.unwrap();
+        let write = |job_id| store::PlacementWrite {
+            job_id,
+            leases: vec![lease(host.id, 0)],
+            hold: None,
+        };
+        let placed = store.commit_placements(&[write(jobs[0].id)], 10, old).await.unwrap();
+        assert!(placed[0].is_some(), "{backend}: the leader places");
+        let new = store.take_leadership().await.unwrap();
+        assert_eq!(new, old + 1);
+        assert!(
+            matches!(
+                store.commit_placements(&[write(jobs[1].id)], 11, old).await,
+                Err(StoreError::Fenced(_))
+            ),
+            "{backend}: the old epoch is fenced off"
+        );
+        assert_eq!(
+            store.job(jobs[1].id).await.unwrap().unwrap().state,
+            JobState::Queued,
+            "nothing written"
+        );
+        assert!(matches!(
+            store.add_leases(jobs[0].id, &[lease(host.id, 1)], 12, old).await,
+            Err(StoreError::Fenced(_))
+        ));
+        assert!(store.commit_placements(&[write(jobs[1].id)], 13, new).await.unwrap()[0].is_some());
+    })
+    .await;
+}

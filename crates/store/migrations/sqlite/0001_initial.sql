@@ -154,3 +154,11 @@ CREATE TABLE reputation_events (
     at BIGINT NOT NULL
 );
 CREATE INDEX reputation_events_node ON reputation_events(node_id, id);
+-- The reconcile leader's fencing token: a new leader increments it, and every placement
+-- checks it in its own transaction, so a deposed leader's late commit fails instead of
+-- granting leases the new leader does not know about.
+CREATE TABLE leadership (
+    id BIGINT PRIMARY KEY,
+    epoch BIGINT NOT NULL
+);
+INSERT INTO leadership (id, epoch) VALUES (1, 0);
