@@ -75,29 +75,41 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// Creates the first admin account and writes its key to `DATA_DIR/admin.key` (mode 0600),
 /// once: later starts find the account and leave the file alone.
 pub async fn bootstrap_admin(store: &Store, data_dir: &Path) -> anyhow_like::Result<Option<String>> {
+    let path = data_dir.join(ADMIN_KEY_FILE);
+    let pending = data_dir.join(format!("{ADMIN_KEY_FILE}.pending"));
     if store.account_by_name("admin").await?.is_some() {
+        // A start that crashed after committing the admin but before publishing its key.
+        if pending.exists() && !path.exists() {
+            std::fs::rename(&pending, &path)?;
+            return Ok(Some(path.display().to_string()));
+        }
         return Ok(None);
     }
-    let account = match store.create_account(Role::Admin, "admin", now_us()).await {
-        Ok(account) => account,
+    // The key is on disk before the account exists, so no crash leaves an admin without a key.
+    let key = trust::generate_api_key();
+    write_secret(&pending, &format!("{}\n", key.display))?;
+    let record = store::ApiKeyRecord {
+        key_id: key.key_id.clone(),
+        account_id: 0,
+        secret_hash: key.secret_hash.clone(),
+        label: "bootstrap".to_string(),
+        created_at: now_us(),
+        revoked_at: None,
+    };
+    match store
+        .create_account_with_key(Role::Admin, "admin", &record, now_us())
+        .await
+    {
+        Ok(_) => {}
         // Replicas started together on a new database: another one made it between our check
         // and our insert, and wrote the key to its own data directory.
-        Err(store::StoreError::Conflict(_)) => return Ok(None),
+        Err(store::StoreError::Conflict(_)) => {
+            let _ = std::fs::remove_file(&pending);
+            return Ok(None);
+        }
         Err(error) => return Err(error.into()),
-    };
-    let key = trust::generate_api_key();
-    store
-        .insert_api_key(&store::ApiKeyRecord {
-            key_id: key.key_id.clone(),
-            account_id: account.id,
-            secret_hash: key.secret_hash.clone(),
-            label: "bootstrap".to_string(),
-            created_at: now_us(),
-            revoked_at: None,
-        })
-        .await?;
-    let path = data_dir.join(ADMIN_KEY_FILE);
-    write_secret(&path, &format!("{}\n", key.display))?;
+    }
+    std::fs::rename(&pending, &path)?;
     Ok(Some(path.display().to_string()))
 }
 

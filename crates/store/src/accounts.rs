@@ -134,4 +134,47 @@ impl Store {
             .await?;
         Ok(done.rows_affected() == 1)
     }
+
+    /// Creates an account and its first key in one transaction (`key.account_id` is ignored).
+    pub async fn create_account_with_key(
+        &self,
+        role: Role,
+        name: &str,
+        key: &ApiKeyRecord,
+        now: i64,
+    ) -> Result<AccountRecord> {
+        let mut transaction = self.begin_write().await?;
+        let row = sqlx::query("INSERT INTO accounts (kind, name, created_at) VALUES ($1, $2, $3) RETURNING id")
+            .bind(role.as_str())
+            .bind(name)
+            .bind(now)
+            .fetch_one(&mut *transaction)
+            .await
+            .map_err(|error| {
+                if is_unique_violation(&error) {
+                    StoreError::Conflict(format!("account named {name:?}"))
+                } else {
+                    error.into()
+                }
+            })?;
+        let id: i64 = row.try_get("id")?;
+        sqlx::query(
+            "INSERT INTO api_keys (key_id, account_id, secret_hash, label, created_at, revoked_at) \
+             VALUES ($1, $2, $3, $4, $5, NULL)",
+        )
+        .bind(&key.key_id)
+        .bind(id)
+        .bind(&key.secret_hash)
+        .bind(&key.label)
+        .bind(now)
+        .execute(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+        Ok(AccountRecord {
+            id,
+            role,
+            name: name.to_string(),
+            created_at: now,
+        })
+    }
 }
