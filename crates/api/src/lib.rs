@@ -44,8 +44,9 @@ pub struct ErrorBody {
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
 pub struct ErrorDetail {
-    /// A stable machine-readable code: `bad_request`, `unauthorized`, `forbidden`, `not_found`,
-    /// `conflict`, `payload_too_large`, `rate_limited`, `unavailable`, `internal`.
+    /// A stable machine-readable code: `bad_request`, `unauthorized`, `payment_required`,
+    /// `forbidden`, `not_found`, `method_not_allowed`, `conflict`, `payload_too_large`,
+    /// `unsupported_media_type`, `rate_limited`, `unavailable`, `internal`.
     pub code: String,
     /// What is wrong, in words a user can act on.
     pub message: String,

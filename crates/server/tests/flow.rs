@@ -1,0 +1,459 @@
+//! The coordinator end to end, on SQLite and on PostgreSQL: accounts and credit, a node that
+//! heartbeats, a job placed by the reconcile loop, the agent's signed reports, billing and
+//! settlement; cancellation, a silent node, idempotent submission, quotes, offers and a
+//! tenant without money.
+
+mod common;
+
+use common::{Harness, job_request, on_every_backend, on_every_backend_with, run_until_placed};
+use serde_json::{Value, json};
+
+const CREDIT_MICROS: i64 = 100_000_000;
+
+async fn balance(harness: &Harness, key: &str) -> Value {
+    harness.get(key, "/v1/balance").await.expect(200, "balance")
+}
+
+fn micros(value: &Value) -> i64 {
+    value.as_i64().unwrap_or_else(|| panic!("{value} is not an integer"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_runs_from_submission_to_settlement() {
+    on_every_backend(async |h: &Harness| {
+        let tenant = h.tenant("acme").await;
+        let provider = h.provider("gpu-farm").await;
+        let credited = h.credit(&tenant, "100.00").await;
+        assert_eq!(credited["available_micros"], CREDIT_MICROS, "{}", h.backend);
+        let agent = h.node(&provider, "rack1-node1", |_| {}).await;
+
+        assert!(
+            agent.heartbeat().await.is_empty(),
+            "{}: a new node has no leases",
+            h.backend
+        );
+        let node_path = format!("/v1/nodes/{}", agent.node_id);
+        h.wait_for("the node to be online", async || {
+            let node = h
+                .get(&provider.key, &node_path)
+                .await
+                .expect(200, "provider reads its node");
+            (node["online"] == true).then_some(())
+        })
+        .await;
+
+        // The agent long-polls for a change of its (empty) lease set while the tenant submits.
+        let empty = agent
+            .signed("GET", "/v1/agent/leases", None)
+            .await
+            .expect(200, "agent reads its leases");
+        assert_eq!(empty["leases"], json!([]), "{}", h.backend);
+        let poll_path = format!(
+            "/v1/agent/leases?wait_ms=15000&known={}",
+            empty["version"].as_str().unwrap()
+        );
+        let (polled, job) = tokio::join!(
+            agent.signed("GET", &poll_path, None),
+            h.submit(&tenant, job_request("train"))
+        );
+        let job_id = micros(&job["id"]);
+        assert_eq!(job["state"], "queued", "{}", h.backend);
+        let polled = polled.expect(200, "long poll");
+        assert_ne!(polled["version"], empty["version"], "{}", h.backend);
+        let lease = polled["leases"][0]["lease"].clone();
+        assert_eq!(
+            lease["job_id"], job_id,
+            "{}: the long poll brings the new lease",
+            h.backend
+        );
+        assert_eq!(polled["leases"][0]["job"]["image"], "busybox:latest", "{}", h.backend);
+
+        let view = h.wait_for_job(&tenant.key, job_id, "running").await;
+        assert_eq!(view["leases"].as_array().map(Vec::len), Some(1), "{}", h.backend);
+        let price = micros(&lease["price_micros_per_gpu_hour"]);
+        assert!(
+            (1..=2_500_000).contains(&price),
+            "{}: price {price} is within the bid",
+            h.backend
+        );
+        assert!(
+            micros(&view["escrow_micros"]) > 0,
+            "{}: placing holds escrow: {view}",
+            h.backend
+        );
+
+        let beat = agent.heartbeat().await;
+        assert_eq!(beat.len(), 1, "{}", h.backend);
+        assert_eq!(
+            beat[0]["lease"]["id"], lease["id"],
+            "{}: the heartbeat lists the lease",
+            h.backend
+        );
+
+        for state in ["staging", "running"] {
+            let reported = agent.event(&lease, state).await.expect(200, state);
+            assert_eq!(reported["state"], state, "{}", h.backend);
+        }
+
+        let first = agent
+            .signed("POST", "/v1/agent/usage", Some(&agent.usage(&lease, 1, 1000)))
+            .await
+            .expect(200, "first usage record");
+        let second_record = agent.usage(&lease, 2, 800);
+        let second = agent
+            .signed("POST", "/v1/agent/usage", Some(&second_record))
+            .await
+            .expect(200, "second usage record");
+        let replay = agent
+            .signed("POST", "/v1/agent/usage", Some(&second_record))
+            .await
+            .expect(200, "the second record again");
+        assert_eq!(first["new"], true, "{}", h.backend);
+        assert_eq!(second["new"], true, "{}", h.backend);
+        assert_eq!(replay, json!({"new": false, "charged_micros": 0}), "{}", h.backend);
+        let charged = [micros(&first["charged_micros"]), micros(&second["charged_micros"])];
+        assert!(charged.iter().all(|&amount| amount > 0), "{}: {charged:?}", h.backend);
+        let billed: i64 = charged.iter().sum();
+        let view = h
+            .get(&tenant.key, &format!("/v1/jobs/{job_id}"))
+            .await
+            .expect(200, "job");
+        assert_eq!(view["cost_micros"], billed, "{}: the replay is not billed", h.backend);
+
+        let attested = agent
+            .signed("POST", "/v1/agent/attestations", Some(&agent.attestation(&lease, 0)))
+            .await
+            .expect(200, "attestation");
+        assert_eq!(attested["state"], "finished", "{}", h.backend);
+        let view = h.wait_for_job(&tenant.key, job_id, "finished").await;
+        assert_eq!(view["escrow_micros"], 0, "{}: escrow released", h.backend);
+        assert_eq!(view["cost_micros"], billed, "{}", h.backend);
+        assert!(agent.heartbeat().await.is_empty(), "{}: nothing left to run", h.backend);
+        let again = agent
+            .signed("POST", "/v1/agent/attestations", Some(&agent.attestation(&lease, 0)))
+            .await;
+        again.refused(409, "a second attestation");
+
+        let tenant_money = balance(h, &tenant.key).await;
+        let provider_money = balance(h, &provider.key).await;
+        let fees = h
+            .metric("fallow_ledger_balance_micros{account=\"platform_fees\"}")
+            .await as i64;
+        let expected_fees: i64 = charged.iter().map(|amount| amount * 100 / 1000).sum();
+        assert_eq!(tenant_money["escrow_micros"], 0, "{}", h.backend);
+        assert_eq!(
+            tenant_money["available_micros"],
+            CREDIT_MICROS - billed,
+            "{}",
+            h.backend
+        );
+        assert_eq!(fees, expected_fees, "{}: the platform keeps 10%", h.backend);
+        assert_eq!(provider_money["earnings_micros"], billed - fees, "{}", h.backend);
+        assert_eq!(
+            micros(&tenant_money["available_micros"])
+                + micros(&tenant_money["escrow_micros"])
+                + micros(&provider_money["earnings_micros"])
+                + fees,
+            CREDIT_MICROS,
+            "{}: every micro-dollar is somewhere",
+            h.backend
+        );
+        assert_eq!(
+            h.metric("fallow_ledger_sum_micros{of=\"balances\"}").await,
+            0.0,
+            "{}",
+            h.backend
+        );
+        assert_eq!(
+            h.metric("fallow_ledger_balance_micros{account=\"external\"}").await as i64,
+            -CREDIT_MICROS,
+            "{}",
+            h.backend
+        );
+        let earnings = h.get(&provider.key, "/v1/earnings").await.expect(200, "earnings");
+        assert_eq!(earnings["earnings_micros"], billed - fees, "{}", h.backend);
+        assert_eq!(earnings["nodes"][0]["earned_micros"], billed, "{}", h.backend);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancelling_a_running_job_ends_its_lease() {
+    on_every_backend(async |h: &Harness| {
+        let tenant = h.tenant("acme").await;
+        let provider = h.provider("gpu-farm").await;
+        h.credit(&tenant, "100.00").await;
+        let agent = h.node(&provider, "node1", |_| {}).await;
+        let job = h.submit(&tenant, job_request("to-cancel")).await;
+        let job_id = micros(&job["id"]);
+        let (_, lease) = run_until_placed(h, &agent, &tenant, job_id).await;
+        agent.event(&lease, "running").await.expect(200, "running");
+
+        let cancelled = h
+            .post(&tenant.key, &format!("/v1/jobs/{job_id}/cancel"), json!({}))
+            .await
+            .expect(200, "tenant cancels");
+        assert_eq!(cancelled["state"], "cancelled", "{}", h.backend);
+        assert_eq!(cancelled["leases"][0]["state"], "cancelled", "{}", h.backend);
+        assert_eq!(cancelled["escrow_micros"], 0, "{}", h.backend);
+        assert!(
+            agent.heartbeat().await.is_empty(),
+            "{}: the agent is told to stop",
+            h.backend
+        );
+        let late = agent.event(&lease, "running").await;
+        assert!(
+            late.refused(409, "an event for the ended lease").contains("stop it"),
+            "{}",
+            h.backend
+        );
+        h.post(&tenant.key, &format!("/v1/jobs/{job_id}/cancel"), json!({}))
+            .await
+            .refused(409, "cancelling twice");
+        let money = balance(h, &tenant.key).await;
+        assert_eq!(
+            money["available_micros"], CREDIT_MICROS,
+            "{}: nothing billed",
+            h.backend
+        );
+        assert_eq!(money["escrow_micros"], 0, "{}", h.backend);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_silent_node_loses_its_lease_and_the_job_queues_again() {
+    on_every_backend_with(
+        |config| config.heartbeat_timeout_ms = 1500,
+        async |h: &Harness| {
+            let tenant = h.tenant("acme").await;
+            let provider = h.provider("gpu-farm").await;
+            h.credit(&tenant, "100.00").await;
+            let silent = h.node(&provider, "flaky", |_| {}).await;
+            let job = h.submit(&tenant, job_request("survivor")).await;
+            let job_id = micros(&job["id"]);
+            let (_, lost) = run_until_placed(h, &silent, &tenant, job_id).await;
+
+            // No more heartbeats from `silent`.
+            let view = h.wait_for_job(&tenant.key, job_id, "queued").await;
+            let old = view["leases"]
+                .as_array()
+                .and_then(|leases| leases.iter().find(|lease| lease["id"] == lost["id"]))
+                .cloned()
+                .expect("the old lease is still listed");
+            assert_eq!(old["state"], "lost", "{}: {view}", h.backend);
+            assert!(h.metric("fallow_leases_lost_total").await >= 1.0, "{}", h.backend);
+            let node = h
+                .get(&provider.key, &format!("/v1/nodes/{}", silent.node_id))
+                .await
+                .expect(200, "node");
+            assert_eq!(node["online"], false, "{}", h.backend);
+
+            let healthy = h.node(&provider, "steady", |_| {}).await;
+            let (_, moved) = run_until_placed(h, &healthy, &tenant, job_id).await;
+            assert_ne!(moved["id"], lost["id"], "{}: a new lease", h.backend);
+            assert!(
+                silent.heartbeat().await.is_empty(),
+                "{}: the silent node gets nothing back",
+                h.backend
+            );
+            silent
+                .event(&lost, "running")
+                .await
+                .refused(409, "an event for the lost lease");
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_client_token_returns_the_same_job() {
+    on_every_backend(async |h: &Harness| {
+        let tenant = h.tenant("acme").await;
+        let other = h.tenant("globex").await;
+        h.credit(&tenant, "10.00").await;
+        h.credit(&other, "10.00").await;
+        let mut request = job_request("once");
+        request["client_token"] = json!("retry-7");
+        let first = h.submit(&tenant, request.clone()).await;
+        let again = h.submit(&tenant, request.clone()).await;
+        assert_eq!(again["id"], first["id"], "{}", h.backend);
+        let concurrent = futures_join(h, &tenant.key, &request, 6).await;
+        assert!(
+            concurrent.iter().all(|id| *id == first["id"]),
+            "{}: concurrent retries {concurrent:?} vs {}",
+            h.backend,
+            first["id"]
+        );
+        let theirs = h.submit(&other, request.clone()).await;
+        assert_ne!(theirs["id"], first["id"], "{}: tokens are per tenant", h.backend);
+        request["client_token"] = json!("retry-8");
+        let different = h.submit(&tenant, request).await;
+        assert_ne!(different["id"], first["id"], "{}", h.backend);
+        let listed = h.get(&tenant.key, "/v1/jobs").await.expect(200, "list");
+        assert_eq!(
+            listed["jobs"].as_array().map(Vec::len),
+            Some(2),
+            "{}: {listed}",
+            h.backend
+        );
+        assert_eq!(h.job_count().await, 3.0, "{}", h.backend);
+    })
+    .await;
+}
+
+/// Sends the same submission `count` times at once; returns the job ids answered.
+async fn futures_join(h: &Harness, key: &str, request: &Value, count: usize) -> Vec<Value> {
+    let mut tasks = Vec::new();
+    for _ in 0..count {
+        let (http, url, key, request) = (h.http.clone(), h.url("/v1/jobs"), key.to_string(), request.clone());
+        tasks.push(tokio::spawn(async move {
+            let response = http
+                .post(url)
+                .bearer_auth(key)
+                .json(&request)
+                .send()
+                .await
+                .expect("answer");
+            assert_eq!(response.status().as_u16(), 201);
+            response.json::<Value>().await.expect("JSON")["id"].clone()
+        }));
+    }
+    let mut ids = Vec::new();
+    for task in tasks {
+        ids.push(task.await.expect("the submission task"));
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quotes_and_offer_searches_answer_from_the_fleet() {
+    on_every_backend(async |h: &Harness| {
+        let tenant = h.tenant("acme").await;
+        let provider = h.provider("gpu-farm").await;
+        let cheap = h.node(&provider, "cheap-h100", |_| {}).await;
+        let dear = h
+            .node(&provider, "dear-h100", |node| {
+                node["policy"]["asks"] = json!({"gold": "4.00", "silver": "3.00", "bronze": "2.60"});
+            })
+            .await;
+        let ampere = h
+            .node(&provider, "a100", |node| {
+                node["gpu_model"] = json!("A100-SXM4-80GB");
+                node["policy"]["asks"] = json!({"silver": "1.50"});
+            })
+            .await;
+        for agent in [&cheap, &dear, &ampere] {
+            agent.heartbeat().await;
+        }
+        let search = async |filter: &str| -> Value {
+            let path = format!("/v1/offers?filter={}", url_encode(filter));
+            h.get(&tenant.key, &path).await.expect(200, filter)
+        };
+        let everything = h
+            .wait_for("all three nodes online in the offers", async || {
+                let found = search("online=true").await;
+                (found["total_matching"] == 3).then_some(found)
+            })
+            .await;
+        let ids = |found: &Value| -> Vec<i64> {
+            found["offers"]
+                .as_array()
+                .expect("offers")
+                .iter()
+                .map(|offer| micros(&offer["node_id"]))
+                .collect()
+        };
+        // Sorted by the lowest ask in any tier: $1.00 bronze, $1.50 silver, $2.60 bronze.
+        assert_eq!(
+            ids(&everything),
+            [cheap.node_id, ampere.node_id, dear.node_id],
+            "{}",
+            h.backend
+        );
+
+        let found = search("gpu_model=H100 price<2.5").await;
+        assert_eq!(found["total_matching"], 1, "{}: {found}", h.backend);
+        let offer = &found["offers"][0];
+        assert_eq!(offer["node_id"], cheap.node_id, "{}", h.backend);
+        assert_eq!(offer["gpu_model"], "H100-SXM5", "{}", h.backend);
+        assert_eq!(offer["gpu_count"], 8, "{}", h.backend);
+        assert_eq!(
+            offer["price_micros_per_gpu_hour"],
+            json!({"gold": 3_000_000, "silver": 2_000_000, "bronze": 1_000_000}),
+            "{}",
+            h.backend
+        );
+        let silver = search("tier=silver").await;
+        assert_eq!(
+            ids(&silver),
+            [ampere.node_id, cheap.node_id, dear.node_id],
+            "{}",
+            h.backend
+        );
+        assert_eq!(search("gpu_model=B200").await["total_matching"], 0, "{}", h.backend);
+        let bad = h
+            .get(&tenant.key, &format!("/v1/offers?filter={}", url_encode("price<<2")))
+            .await;
+        bad.refused(400, "a filter that does not parse");
+
+        let quote = h
+            .post(&tenant.key, "/v1/jobs/quote", job_request("ask"))
+            .await
+            .expect(200, "quote");
+        assert_eq!(quote["nodes_total"], 3, "{}: {quote}", h.backend);
+        assert!(micros(&quote["nodes_feasible"]) >= 1, "{}: {quote}", h.backend);
+        let price = micros(&quote["price_micros_per_gpu_hour"]);
+        assert!((1..=2_500_000).contains(&price), "{}: {quote}", h.backend);
+        let mut too_big = job_request("too big");
+        too_big["gpus"] = json!(16);
+        let quote = h
+            .post(&tenant.key, "/v1/jobs/quote", too_big)
+            .await
+            .expect(200, "quote");
+        assert_eq!(
+            quote["price_micros_per_gpu_hour"],
+            Value::Null,
+            "{}: {quote}",
+            h.backend
+        );
+        assert_eq!(quote["nodes_feasible"], 0, "{}: {quote}", h.backend);
+        assert!(
+            !quote["explanation"].as_str().unwrap_or_default().is_empty(),
+            "{}: an infeasible quote says why: {quote}",
+            h.backend
+        );
+        assert_eq!(h.job_count().await, 0.0, "{}: quoting submits nothing", h.backend);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_without_balance_gets_402() {
+    on_every_backend(async |h: &Harness| {
+        let tenant = h.tenant("broke").await;
+        let reply = h.post(&tenant.key, "/v1/jobs", job_request("free lunch")).await;
+        let message = reply.refused(402, "a job with no balance");
+        assert_eq!(reply.body["error"]["code"], "payment_required", "{}", h.backend);
+        assert!(
+            message.contains("credit"),
+            "{}: the message says what to do: {message}",
+            h.backend
+        );
+        assert_eq!(h.job_count().await, 0.0, "{}: nothing was written", h.backend);
+        h.credit(&tenant, "1.00").await;
+        h.submit(&tenant, job_request("paid lunch")).await;
+        assert_eq!(h.job_count().await, 1.0, "{}", h.backend);
+    })
+    .await;
+}
+
+/// Percent-encodes a query value (everything but unreserved characters).
+pub fn url_encode(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (byte as char).to_string(),
+            _ => format!("%{byte:02X}"),
+        })
+        .collect()
+}
