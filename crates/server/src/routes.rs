@@ -779,32 +779,49 @@ fn usage_record(body: &UsageBody) -> trust::UsageRecord {
     }
 }
 
+/// Checks a signed record against the node's key (a forgery is recorded as evidence of `kind`)
+/// and the lease's current epoch (an old epoch is fenced off).
+async fn check_record<T: trust::RecordBody>(
+    state: &AppState,
+    node_id: i64,
+    record: &trust::SignedRecord<T>,
+    lease: &store::LeaseRecord,
+    epoch: i64,
+    kind: &str,
+) -> ApiResult<()> {
+    let identity = state.node_identity(node_id).await?;
+    if let Err(error) = trust::verify_record(&identity.key, node_id, record) {
+        state
+            .store
+            .record_evidence(Some(node_id), kind, &format!("lease {}", lease.id), now_us())
+            .await?;
+        return Err(error.into());
+    }
+    if epoch != lease.epoch {
+        return Err(ApiError::Conflict(format!(
+            "lease {} is at epoch {}, not {}: reports for an old epoch are refused",
+            lease.id, lease.epoch, epoch
+        )));
+    }
+    Ok(())
+}
+
 pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>) -> ApiResult<Json<UsageAccepted>> {
     let body = &signed.body.body;
     let lease = node_lease(&state, signed.node_id, body.lease_id).await?;
-    let identity = state.node_identity(signed.node_id).await?;
     let record = trust::SignedRecord {
         body: usage_record(body),
         signature_hex: signed.body.signature_hex.clone(),
     };
-    if let Err(error) = trust::verify_record(&identity.key, signed.node_id, &record) {
-        state
-            .store
-            .record_evidence(
-                Some(signed.node_id),
-                "bad_usage_signature",
-                &format!("lease {}", body.lease_id),
-                now_us(),
-            )
-            .await?;
-        return Err(error.into());
-    }
-    if body.epoch != lease.epoch {
-        return Err(ApiError::Conflict(format!(
-            "lease {} is at epoch {}, not {}: usage for an old epoch is not billed",
-            lease.id, lease.epoch, body.epoch
-        )));
-    }
+    check_record(
+        &state,
+        signed.node_id,
+        &record,
+        &lease,
+        body.epoch,
+        "bad_usage_signature",
+    )
+    .await?;
     let now = now_us();
     let lease_gpu_milli = i64::from(lease.lease.gpu_mask.count_ones() as u16) * lease.lease.gpu_milli;
     let period_ms = body.period_end_ms - body.period_start_ms;
@@ -918,7 +935,6 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
 pub async fn attest(State(state): AppStateRef, signed: Signed<SignedAttestation>) -> ApiResult<Json<LeaseView>> {
     let body = &signed.body.body;
     let lease = node_lease(&state, signed.node_id, body.lease_id).await?;
-    let identity = state.node_identity(signed.node_id).await?;
     let record = trust::SignedRecord {
         body: trust::Attestation {
             lease_id: body.lease_id,
@@ -933,24 +949,15 @@ pub async fn attest(State(state): AppStateRef, signed: Signed<SignedAttestation>
         },
         signature_hex: signed.body.signature_hex.clone(),
     };
-    if let Err(error) = trust::verify_record(&identity.key, signed.node_id, &record) {
-        state
-            .store
-            .record_evidence(
-                Some(signed.node_id),
-                "bad_attestation_signature",
-                &format!("lease {}", body.lease_id),
-                now_us(),
-            )
-            .await?;
-        return Err(error.into());
-    }
-    if body.epoch != lease.epoch {
-        return Err(ApiError::Conflict(format!(
-            "lease {} is at epoch {}, not {}",
-            lease.id, lease.epoch, body.epoch
-        )));
-    }
+    check_record(
+        &state,
+        signed.node_id,
+        &record,
+        &lease,
+        body.epoch,
+        "bad_attestation_signature",
+    )
+    .await?;
     let now = now_us();
     let stored = state
         .store

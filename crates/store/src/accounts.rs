@@ -35,27 +35,36 @@ pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
     }
 }
 
+async fn insert_account<'e>(
+    executor: impl sqlx::Executor<'e, Database = sqlx::Any>,
+    role: Role,
+    name: &str,
+    now: i64,
+) -> Result<AccountRecord> {
+    let row = sqlx::query("INSERT INTO accounts (kind, name, created_at) VALUES ($1, $2, $3) RETURNING id")
+        .bind(role.as_str())
+        .bind(name)
+        .bind(now)
+        .fetch_one(executor)
+        .await
+        .map_err(|error| {
+            if is_unique_violation(&error) {
+                StoreError::Conflict(format!("account named {name:?}"))
+            } else {
+                error.into()
+            }
+        })?;
+    Ok(AccountRecord {
+        id: row.try_get("id")?,
+        role,
+        name: name.to_string(),
+        created_at: now,
+    })
+}
+
 impl Store {
     pub async fn create_account(&self, role: Role, name: &str, now: i64) -> Result<AccountRecord> {
-        let row = sqlx::query("INSERT INTO accounts (kind, name, created_at) VALUES ($1, $2, $3) RETURNING id")
-            .bind(role.as_str())
-            .bind(name)
-            .bind(now)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|error| {
-                if is_unique_violation(&error) {
-                    StoreError::Conflict(format!("account named {name:?}"))
-                } else {
-                    error.into()
-                }
-            })?;
-        Ok(AccountRecord {
-            id: row.try_get("id")?,
-            role,
-            name: name.to_string(),
-            created_at: now,
-        })
+        insert_account(&self.pool, role, name, now).await
     }
 
     pub async fn account(&self, id: i64) -> Result<Option<AccountRecord>> {
@@ -144,20 +153,8 @@ impl Store {
         now: i64,
     ) -> Result<AccountRecord> {
         let mut transaction = self.begin_write().await?;
-        let row = sqlx::query("INSERT INTO accounts (kind, name, created_at) VALUES ($1, $2, $3) RETURNING id")
-            .bind(role.as_str())
-            .bind(name)
-            .bind(now)
-            .fetch_one(&mut *transaction)
-            .await
-            .map_err(|error| {
-                if is_unique_violation(&error) {
-                    StoreError::Conflict(format!("account named {name:?}"))
-                } else {
-                    error.into()
-                }
-            })?;
-        let id: i64 = row.try_get("id")?;
+        let account = insert_account(&mut *transaction, role, name, now).await?;
+        let id = account.id;
         sqlx::query(
             "INSERT INTO api_keys (key_id, account_id, secret_hash, label, created_at, revoked_at) \
              VALUES ($1, $2, $3, $4, $5, NULL)",
@@ -170,11 +167,6 @@ impl Store {
         .execute(&mut *transaction)
         .await?;
         transaction.commit().await?;
-        Ok(AccountRecord {
-            id,
-            role,
-            name: name.to_string(),
-            created_at: now,
-        })
+        Ok(account)
     }
 }
