@@ -236,6 +236,9 @@ async fn lose_silent_nodes(state: &AppState, now: i64) -> Result<(), ApiError> {
             {
                 Metrics::add(&state.metrics.leases_lost, 1);
                 jobs.push(lease.job_id);
+                if lease.lease.tier == Tier::Gold.name() {
+                    credit_sla_breach(state, &lease, now).await?;
+                }
             }
         }
         jobs.dedup();
@@ -267,6 +270,33 @@ async fn lose_silent_nodes(state: &AppState, now: i64) -> Result<(), ApiError> {
                 .await?;
         }
     }
+    Ok(())
+}
+
+/// Gold is reserved capacity: losing a gold lease to a node fault breaches the SLA, and the
+/// tenant is credited an hour of the lost lease at its price (from the platform's SLA pot).
+pub const SLA_CREDIT_HOURS: u64 = 1;
+
+async fn credit_sla_breach(state: &AppState, lease: &store::LeaseRecord, now: i64) -> Result<(), ApiError> {
+    let Some(job) = state.store.job(lease.job_id).await? else {
+        return Ok(());
+    };
+    let gpu_milli = u64::from(lease.lease.gpu_mask.count_ones() as u16) * lease.lease.gpu_milli.max(0) as u64;
+    let Some(amount) = Micros(lease.lease.price_micros).cost_for(gpu_milli, SLA_CREDIT_HOURS * 3600) else {
+        return Ok(());
+    };
+    if amount.0 <= 0 {
+        return Ok(());
+    }
+    let credit = ledger::sla_credit(job.tenant_id, amount, format!("sla:lease-{}", lease.id), now)
+        .map_err(crate::money::ledger_error)?;
+    crate::money::apply(&state.store, &credit).await?;
+    tracing::info!(
+        lease = lease.id,
+        tenant = job.tenant_id,
+        micros = amount.0,
+        "gold SLA breach credited"
+    );
     Ok(())
 }
 

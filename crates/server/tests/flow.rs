@@ -457,3 +457,40 @@ pub fn url_encode(text: &str) -> String {
         })
         .collect()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn losing_a_gold_lease_to_a_node_fault_credits_the_tenant() {
+    on_every_backend_with(
+        |config| config.heartbeat_timeout_ms = 1500,
+        async |h: &Harness| {
+            let tenant = h.tenant("acme").await;
+            let provider = h.provider("gpu-farm").await;
+            h.credit(&tenant, "100.00").await;
+            let silent = h.node(&provider, "flaky", |_| {}).await;
+            let mut request = job_request("reserved");
+            request["tier"] = json!("gold");
+            request["max_price_per_gpu_hour"] = json!("5.00");
+            let job = h.submit(&tenant, request).await;
+            let job_id = micros(&job["id"]);
+            let (_, lost) = run_until_placed(h, &silent, &tenant, job_id).await;
+            let held = micros(&balance(h, &tenant.key).await["available_micros"]);
+            h.wait_for_job(&tenant.key, job_id, "queued").await;
+            let price = micros(&lost["price_micros_per_gpu_hour"]);
+            // One GPU for one hour at the lease's price, from the platform's SLA pot.
+            let after = micros(&balance(h, &tenant.key).await["available_micros"]);
+            assert_eq!(
+                after - held,
+                price,
+                "{}: the tenant is credited an hour of the lost lease",
+                h.backend
+            );
+            assert_eq!(
+                h.metric("fallow_ledger_sum_micros{of=\"balances\"}").await,
+                0.0,
+                "{}",
+                h.backend
+            );
+        },
+    )
+    .await;
+}

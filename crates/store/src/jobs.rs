@@ -429,7 +429,11 @@ impl Store {
                 continue;
             }
             if let Some((hold, floors)) = &write.hold {
-                crate::ledger::apply_ledger_in(&mut transaction, hold, floors).await?;
+                match crate::ledger::apply_ledger_in(&mut transaction, hold, floors).await {
+                    // A requeued job's escrow is still held from its first placement.
+                    Ok(_) | Err(StoreError::Conflict(_)) => {}
+                    Err(error) => return Err(error),
+                }
             }
             let mut leases = Vec::with_capacity(write.leases.len());
             for lease in &write.leases {
