@@ -36,6 +36,8 @@ pub enum BenchCommand {
     Gang(GangArgs),
     /// Preemption victims for a gold gang on a nearly full fleet (B5).
     Preempt(PreemptArgs),
+    /// The coordinator's HTTP API under a fleet's heartbeats and job submissions.
+    Api(crate::cmd_bench_api::ApiArgs),
 }
 
 #[derive(Args, Clone, Debug)]
@@ -98,6 +100,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Matcher(args) => bench_matcher(&args),
         BenchCommand::Gang(args) => bench_gang(&args),
         BenchCommand::Preempt(args) => bench_preempt(&args),
+        BenchCommand::Api(args) => crate::cmd_bench_api::run(&args),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The `fallow` binary: one executable with subcommands, the way Nomad and Vault ship.
 
 mod cmd_bench;
+mod cmd_bench_api;
 mod cmd_server;
 mod cmd_sim;
 

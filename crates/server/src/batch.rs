@@ -1,6 +1,7 @@
 //! Group commit: requests hand their writes to one writer task, which takes everything queued
 //! (up to a named maximum) and writes it in one database transaction, then answers each
 //! request. One fsync covers many requests; under light load a batch is a single write.
+//! On SQLite the writer runs on a thread of its own (see [`WriterHome`]).
 
 use std::future::Future;
 
@@ -27,15 +28,32 @@ impl<T, R> Clone for Batcher<T, R> {
     }
 }
 
+/// Where a writer runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriterHome {
+    /// A task on the caller's runtime.
+    Task,
+    /// A thread of its own with a single-threaded runtime. A transaction awaits once per
+    /// statement; as a task, each await waited in the shared run queue behind every request in
+    /// flight, and a 512-row batch took hundreds of milliseconds under load. Only for drivers
+    /// whose connections hold no socket of the runtime that opened them (SQLite's run on
+    /// threads of their own), since a connection opened here is later used everywhere.
+    Thread,
+}
+
 impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
     /// Starts the writer. `flush` writes a batch and returns one result per item, in order.
-    pub fn start<F, Fut>(what: &'static str, batch_max: usize, flush: F) -> Batcher<T, R>
+    ///
+    /// # Panics
+    ///
+    /// With `WriterHome::Thread`, if the operating system cannot start a thread.
+    pub fn start<F, Fut>(what: &'static str, batch_max: usize, home: WriterHome, flush: F) -> Batcher<T, R>
     where
         F: Fn(Vec<T>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Vec<R>, String>> + Send,
     {
         let (queue, mut receiver) = mpsc::channel::<(T, Reply<R>)>(BATCH_QUEUE_MAX);
-        tokio::spawn(async move {
+        let writer = async move {
             let mut items = Vec::with_capacity(batch_max);
             let mut replies = Vec::with_capacity(batch_max);
             while let Some((item, reply)) = receiver.recv().await {
@@ -75,7 +93,25 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
                     }
                 }
             }
-        });
+        };
+        match home {
+            WriterHome::Task => {
+                tokio::spawn(writer);
+            }
+            WriterHome::Thread => {
+                // The thread ends when every `Batcher` clone is dropped (the queue closes).
+                std::thread::Builder::new()
+                    .name(format!("fallow-{what}-writer"))
+                    .spawn(move || {
+                        tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                            .expect("a single-threaded runtime needs only a timer and an I/O driver")
+                            .block_on(writer);
+                    })
+                    .expect("the operating system starts a writer thread");
+            }
+        }
         Batcher { queue, what }
     }
 

@@ -3,15 +3,15 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use matcher::MatcherConfig;
-use store::{Heartbeat, JobRecord, NewJob, Role, Store};
+use store::{Backend, Heartbeat, JobRecord, NewJob, Role, Store};
 use trust::{NonceCache, VerifyingKey};
 
-use crate::batch::Batcher;
+use crate::batch::{Batcher, WriterHome};
 use crate::error::ApiError;
 use crate::view::FleetView;
 
@@ -119,6 +119,30 @@ pub struct AppState {
     pub fence: AtomicI64,
 }
 
+/// On SQLite the group-commit writers take turns here rather than at SQLite's write lock, where
+/// the loser's busy handler sleeps 1–100 ms between tries: with three writers meeting there, a
+/// commit waited tens of milliseconds for a lock long free while the CPUs idled. PostgreSQL
+/// locks rows, so there the writers commit side by side (`None`).
+#[derive(Clone)]
+struct WriterTurns(Option<Arc<tokio::sync::Mutex<()>>>);
+
+impl WriterTurns {
+    fn for_store(store: &Store) -> WriterTurns {
+        match store.backend() {
+            Backend::Sqlite => WriterTurns(Some(Arc::new(tokio::sync::Mutex::new(())))),
+            Backend::Postgres => WriterTurns(None),
+        }
+    }
+
+    /// Waits for this writer's turn (first come, first served); the turn ends when dropped.
+    async fn take(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        match &self.0 {
+            Some(lock) => Some(lock.clone().lock_owned().await),
+            None => None,
+        }
+    }
+}
+
 pub fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -127,15 +151,24 @@ pub fn now_us() -> i64 {
 
 impl AppState {
     pub fn new(store: Store, config: Config) -> AppState {
-        let nonce_store = store.clone();
-        let nonces = Batcher::start("nonce", BATCH_ROWS_MAX, move |items: Vec<(i64, String, i64)>| {
-            let store = nonce_store.clone();
-            async move { store.remember_nonces(&items).await.map_err(|error| error.to_string()) }
-        });
-        let beat_store = store.clone();
-        let heartbeats = Batcher::start("heartbeat", BATCH_ROWS_MAX, move |items: Vec<Heartbeat>| {
-            let store = beat_store.clone();
+        let turns = WriterTurns::for_store(&store);
+        let home = match store.backend() {
+            Backend::Sqlite => WriterHome::Thread,
+            Backend::Postgres => WriterHome::Task,
+        };
+        let (nonce_store, nonce_turns) = (store.clone(), turns.clone());
+        let nonces = Batcher::start("nonce", BATCH_ROWS_MAX, home, move |items: Vec<(i64, String, i64)>| {
+            let (store, turns) = (nonce_store.clone(), nonce_turns.clone());
             async move {
+                let _turn = turns.take().await;
+                store.remember_nonces(&items).await.map_err(|error| error.to_string())
+            }
+        });
+        let (beat_store, beat_turns) = (store.clone(), turns.clone());
+        let heartbeats = Batcher::start("heartbeat", BATCH_ROWS_MAX, home, move |items: Vec<Heartbeat>| {
+            let (store, turns) = (beat_store.clone(), beat_turns.clone());
+            async move {
+                let _turn = turns.take().await;
                 let count = items.len();
                 store
                     .record_heartbeats(&items)
@@ -144,10 +177,13 @@ impl AppState {
                     .map_err(|error| error.to_string())
             }
         });
-        let job_store = store.clone();
-        let submissions = Batcher::start("submission", BATCH_ROWS_MAX, move |items: Vec<NewJob>| {
-            let store = job_store.clone();
-            async move { store.insert_jobs(&items).await.map_err(|error| error.to_string()) }
+        let (job_store, job_turns) = (store.clone(), turns);
+        let submissions = Batcher::start("submission", BATCH_ROWS_MAX, home, move |items: Vec<NewJob>| {
+            let (store, turns) = (job_store.clone(), job_turns.clone());
+            async move {
+                let _turn = turns.take().await;
+                store.insert_jobs(&items).await.map_err(|error| error.to_string())
+            }
         });
         AppState {
             store,
