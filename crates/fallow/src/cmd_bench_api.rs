@@ -38,6 +38,8 @@ const GOLD_SELLERS_PERMILLE: u32 = 300;
 const SETUP_IN_FLIGHT_MAX: usize = 64;
 /// Warm-up heartbeats in flight (closed loop, as fast as the server answers).
 const WARMUP_IN_FLIGHT_MAX: usize = 512;
+/// The most requests of one kind the timed phase may keep in flight (`--in-flight`).
+const IN_FLIGHT_MAX: usize = 65_536;
 /// Attempts of one setup request refused with 429 or 503 before the bench gives up.
 const SETUP_ATTEMPTS_MAX: u32 = 50;
 /// A request that takes longer than this counts as a `timeout` error.
@@ -109,7 +111,10 @@ pub struct ApiArgs {
 pub fn run(args: &ApiArgs) -> anyhow::Result<()> {
     ensure!(args.nodes > 0, "--nodes must be positive");
     ensure!(args.duration_secs > 0, "--duration-secs must be positive");
-    ensure!(args.in_flight > 0, "--in-flight must be positive");
+    ensure!(
+        (1..=IN_FLIGHT_MAX).contains(&args.in_flight),
+        "--in-flight must be 1–{IN_FLIGHT_MAX}"
+    );
     let heartbeat_rate = args.heartbeat_rate.unwrap_or(args.nodes as f64 / 10.0);
     ensure!(
         heartbeat_rate > 0.0 && heartbeat_rate.is_finite(),
@@ -660,28 +665,24 @@ async fn warm_up(fleet: &Arc<Fleet>) -> BTreeMap<String, u64> {
 }
 
 /// Waits until the reconcile loop has stopped rebuilding its view of the fleet (the warm-up
-/// brought every node online, which changes the fleet's version).
+/// brought every node online, which changes the fleet's version): a pass has finished with no
+/// rebuild for `SETTLE_QUIET`, or `SETTLE_MAX` has passed.
 async fn settle(running: &server::Running) {
     let started = Instant::now();
-    let rebuilds = || running.state.metrics.rebuilds.load(Ordering::Relaxed);
-    let passes = || running.state.metrics.reconcile_passes.load(Ordering::Relaxed);
-    let mut last = (rebuilds(), passes());
+    let metrics = &running.state.metrics;
+    let mut rebuilds = metrics.rebuilds.load(Ordering::Relaxed);
+    let mut passes = metrics.reconcile_passes.load(Ordering::Relaxed);
     let mut quiet_since = Instant::now();
     while started.elapsed() < SETTLE_MAX {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = (rebuilds(), passes());
-        if now.0 != last.0 || now.1 == last.1 {
-            // A rebuild happened, or no pass finished: not settled yet.
-            if now.0 != last.0 {
-                quiet_since = Instant::now();
-            }
-            last = now;
-            continue;
-        }
-        last = now;
-        if quiet_since.elapsed() >= SETTLE_QUIET {
+        let rebuilds_now = metrics.rebuilds.load(Ordering::Relaxed);
+        let passes_now = metrics.reconcile_passes.load(Ordering::Relaxed);
+        if rebuilds_now != rebuilds {
+            quiet_since = Instant::now();
+        } else if passes_now != passes && quiet_since.elapsed() >= SETTLE_QUIET {
             return;
         }
+        (rebuilds, passes) = (rebuilds_now, passes_now);
     }
 }
 
@@ -905,7 +906,7 @@ where
         });
     }
     // Every slot free again: every request sent has been answered or timed out.
-    let all = u32::try_from(in_flight_max).expect("in-flight maximum fits u32");
+    let all = u32::try_from(in_flight_max).expect("--in-flight is checked against IN_FLIGHT_MAX");
     let _drained = slots.acquire_many(all).await.expect("the semaphore is never closed");
     let mut samples = std::mem::take(&mut *samples.lock().expect("samples lock"));
     if unsent > 0 {

@@ -33,11 +33,14 @@ impl<T, R> Clone for Batcher<T, R> {
 pub enum WriterHome {
     /// A task on the caller's runtime.
     Task,
-    /// A thread of its own with a single-threaded runtime. A transaction awaits once per
-    /// statement; as a task, each await waited in the shared run queue behind every request in
-    /// flight, and a 512-row batch took hundreds of milliseconds under load. Only for drivers
-    /// whose connections hold no socket of the runtime that opened them (SQLite's run on
-    /// threads of their own), since a connection opened here is later used everywhere.
+    /// A thread of its own, still on the caller's runtime (its timers and sockets are that
+    /// runtime's). A transaction awaits once per statement; as a task, each of those awaits
+    /// waited in the shared run queue behind every request in flight. For SQLite, whose
+    /// statements run on threads of their own: with this and the writers' turns (`state.rs`),
+    /// `bench api` on 20,000 nodes went from 910–1,000 to 1,420–1,620 heartbeats/s, the turns
+    /// alone giving 1,310–1,370. With PostgreSQL it measured slower (980–1,130 against
+    /// 1,270–1,300 as a task): the writer's socket readiness waits for a busy worker to poll
+    /// the I/O driver.
     Thread,
 }
 
@@ -46,7 +49,7 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
     ///
     /// # Panics
     ///
-    /// With `WriterHome::Thread`, if the operating system cannot start a thread.
+    /// Outside a Tokio runtime, or if the operating system cannot start a thread.
     pub fn start<F, Fut>(what: &'static str, batch_max: usize, home: WriterHome, flush: F) -> Batcher<T, R>
     where
         F: Fn(Vec<T>) -> Fut + Send + 'static,
@@ -99,16 +102,11 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
                 tokio::spawn(writer);
             }
             WriterHome::Thread => {
-                // The thread ends when every `Batcher` clone is dropped (the queue closes).
+                let runtime = tokio::runtime::Handle::current();
+                // The thread ends when every `Batcher` clone is dropped and the queue closes.
                 std::thread::Builder::new()
                     .name(format!("fallow-{what}-writer"))
-                    .spawn(move || {
-                        tokio::runtime::Builder::new_current_thread()
-                            .enable_all()
-                            .build()
-                            .expect("a single-threaded runtime needs only a timer and an I/O driver")
-                            .block_on(writer);
-                    })
+                    .spawn(move || runtime.block_on(writer))
                     .expect("the operating system starts a writer thread");
             }
         }

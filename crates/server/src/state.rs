@@ -121,7 +121,8 @@ pub struct AppState {
 
 /// On SQLite the group-commit writers take turns here rather than at SQLite's write lock, where
 /// the loser's busy handler sleeps 1–100 ms between tries: with three writers meeting there, a
-/// commit waited tens of milliseconds for a lock long free while the CPUs idled. PostgreSQL
+/// commit waited tens of milliseconds for a lock long free while the CPUs idled (under
+/// `bench api`, 210 such sleeps and 3.6 s asleep in 5 s; 25 and 0.6 s with turns). PostgreSQL
 /// locks rows, so there the writers commit side by side (`None`).
 #[derive(Clone)]
 struct WriterTurns(Option<Arc<tokio::sync::Mutex<()>>>);
