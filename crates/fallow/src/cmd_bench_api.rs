@@ -40,6 +40,9 @@ const SETUP_IN_FLIGHT_MAX: usize = 64;
 const WARMUP_IN_FLIGHT_MAX: usize = 512;
 /// The most requests of one kind the timed phase may keep in flight (`--in-flight`).
 const IN_FLIGHT_MAX: usize = 65_536;
+/// A generous guess of the time to sign one heartbeat on one core, to start the timed phase
+/// after the signing is done.
+const SIGN_AHEAD_COST: Duration = Duration::from_micros(80);
 /// Attempts of one setup request refused with 429 or 503 before the bench gives up.
 const SETUP_ATTEMPTS_MAX: u32 = 50;
 /// A request that takes longer than this counts as a `timeout` error.
@@ -390,10 +393,23 @@ async fn drive(
         "fallow bench api: setup took {setup_secs:.1} s; timed phase of {} s starts",
         args.duration_secs
     );
+    // 125,000 agents sign on their own machines: the heartbeats are signed before the timed
+    // phase, each stamped with the time it is due, so that signing does not take the server's
+    // CPU.
+    let signing_started = Instant::now();
+    let (beats, start) = {
+        let fleet = fleet.clone();
+        let count = scheduled_count(heartbeat_rate, duration);
+        tokio::task::spawn_blocking(move || sign_ahead(&fleet, count, heartbeat_rate))
+            .await
+            .context("signing heartbeats")?
+    };
+    let beats = Arc::new(beats);
+    let signing_secs = signing_started.elapsed().as_secs_f64();
+    tokio::time::sleep_until(start.into()).await;
     let cpu_before = process_cpu_secs();
     let machine_before = machine_cpu_ticks();
     let counters_before = server_counters(running);
-    let start = Instant::now() + Duration::from_millis(50);
     let heartbeats = {
         let fleet = fleet.clone();
         tokio::spawn(open_loop(
@@ -401,7 +417,7 @@ async fn drive(
             start,
             duration,
             args.in_flight,
-            move |sequence| send_heartbeat(fleet.clone(), sequence),
+            move |sequence| send_signed(fleet.clone(), beats.clone(), sequence as usize),
         ))
     };
     let submits = {
@@ -444,6 +460,7 @@ async fn drive(
             "warmup_heartbeats_per_sec": round(args.nodes as f64 / warmup_secs, 0),
             "warmup_errors": warmup_errors,
             "settle_secs": round(settle_secs, 2),
+            "heartbeats_signed_ahead_secs": round(signing_secs, 2),
         },
         "heartbeat_target_per_sec": round(heartbeat_rate, 1),
         "submit_target_per_sec": round(args.submit_rate, 1),
@@ -707,22 +724,75 @@ fn heartbeat_body(node: usize, sequence: u64) -> HeartbeatRequest {
     }
 }
 
-/// Signs and sends heartbeat number `sequence` (from node `sequence % nodes`): a fresh nonce
-/// and the current time, as an agent sends it. `Err` is the error kind.
-async fn send_heartbeat(fleet: Arc<Fleet>, sequence: u64) -> Result<(), String> {
-    const PATH: &str = "/v1/agent/heartbeat";
+const HEARTBEAT_PATH: &str = "/v1/agent/heartbeat";
+
+/// A heartbeat signed ahead of time.
+struct SignedBeat {
+    body: Vec<u8>,
+    headers: [(&'static str, String); 4],
+}
+
+/// Heartbeat number `sequence` (from node `sequence % nodes`) with a fresh nonce, signed at
+/// `timestamp_ms`, as an agent sends it.
+fn sign_heartbeat(fleet: &Fleet, sequence: u64, timestamp_ms: i64) -> SignedBeat {
     let node = (sequence % fleet.node_ids.len() as u64) as usize;
-    let body = serde_json::to_vec(&heartbeat_body(node, sequence)).map_err(|_| "encoding".to_string())?;
-    let timestamp_ms = server::now_us() / 1000;
-    let signed = fleet.node_keys[node].sign_request_now(fleet.node_ids[node], "POST", PATH, &body, timestamp_ms);
+    let body = serde_json::to_vec(&heartbeat_body(node, sequence)).expect("a heartbeat encodes as JSON");
+    let headers = fleet.node_keys[node]
+        .sign_request_now(fleet.node_ids[node], "POST", HEARTBEAT_PATH, &body, timestamp_ms)
+        .header_pairs();
+    SignedBeat { body, headers }
+}
+
+/// Signs the timed phase's `count` heartbeats on every core, each stamped with the time it is
+/// due at `rate` from the returned start (far enough ahead for the signing to finish).
+fn sign_ahead(fleet: &Fleet, count: u64, rate: f64) -> (Vec<SignedBeat>, Instant) {
+    let threads = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+    let lead = Duration::from_secs(1) + SIGN_AHEAD_COST.mul_f64(count as f64 / threads as f64);
+    let start = Instant::now() + lead;
+    let start_ms = server::now_us() / 1000 + lead.as_millis() as i64;
+    let chunk = (count as usize).div_ceil(threads).max(1);
+    let mut beats = Vec::with_capacity(count as usize);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..count)
+            .step_by(chunk)
+            .map(|first| {
+                scope.spawn(move || {
+                    (first..(first + chunk as u64).min(count))
+                        .map(|sequence| {
+                            let due_ms = start_ms + (sequence as f64 * 1000.0 / rate) as i64;
+                            sign_heartbeat(fleet, sequence, due_ms)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for worker in workers {
+            beats.extend(worker.join().expect("a signing thread finishes"));
+        }
+    });
+    (beats, start)
+}
+
+/// Sends a heartbeat signed now (the warm-up). `Err` is the error kind.
+async fn send_heartbeat(fleet: Arc<Fleet>, sequence: u64) -> Result<(), String> {
+    let beat = sign_heartbeat(&fleet, sequence, server::now_us() / 1000);
+    post_heartbeat(&fleet, &beat).await
+}
+
+/// Sends heartbeat `index` of those signed ahead.
+async fn send_signed(fleet: Arc<Fleet>, beats: Arc<Vec<SignedBeat>>, index: usize) -> Result<(), String> {
+    post_heartbeat(&fleet, &beats[index]).await
+}
+
+async fn post_heartbeat(fleet: &Fleet, beat: &SignedBeat) -> Result<(), String> {
     let mut request = fleet
         .client
-        .post(format!("{}{PATH}", fleet.base))
+        .post(format!("{}{HEARTBEAT_PATH}", fleet.base))
         .header("content-type", "application/json");
-    for (name, value) in signed.header_pairs() {
-        request = request.header(name, value);
+    for (name, value) in &beat.headers {
+        request = request.header(*name, value);
     }
-    answer(request.body(body).send().await).await
+    answer(request.body(beat.body.clone()).send().await).await
 }
 
 async fn send_submit(fleet: Arc<Fleet>, jobs: Arc<Vec<Vec<u8>>>, sequence: u64) -> Result<(), String> {
@@ -856,6 +926,11 @@ struct Samples {
     errors: BTreeMap<String, u64>,
 }
 
+/// How many requests `open_loop` sends.
+fn scheduled_count(rate_per_s: f64, window: Duration) -> u64 {
+    (rate_per_s * window.as_secs_f64()).floor() as u64
+}
+
 /// Sends `rate_per_s × window` requests at their scheduled times from `start`, at most
 /// `in_flight_max` at once. A request waiting for a free slot keeps its scheduled time, so its
 /// wait shows in its latency. Requests not sent by `BACKLOG_GRACE` after the window count as
@@ -865,7 +940,7 @@ where
     F: Fn(u64) -> Fut,
     Fut: Future<Output = Result<(), String>> + Send + 'static,
 {
-    let scheduled = (rate_per_s * window.as_secs_f64()).floor() as u64;
+    let scheduled = scheduled_count(rate_per_s, window);
     let window_end = start + window;
     let give_up_at = window_end + BACKLOG_GRACE;
     let samples = Arc::new(Mutex::new(Samples {

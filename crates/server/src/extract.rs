@@ -81,13 +81,18 @@ impl FromRequestParts<Arc<AppState>> for Auth {
 
 /// A request signed by a node's key: verified, fresh, never seen before (checked against this
 /// replica's memory and, through a group commit, against every replica's record).
-pub struct Signed<T> {
+///
+/// `IDEMPOTENT` requests (a heartbeat, a lease poll) are checked against this replica's memory
+/// only, which saves a write per heartbeat. Replayed at another replica or after a restart,
+/// within the allowed clock skew, such a request moves no money and no lease: at worst an old
+/// telemetry reading counts once more as the node's latest.
+pub struct Signed<T, const IDEMPOTENT: bool = false> {
     pub node_id: i64,
     pub provider_id: i64,
     pub body: T,
 }
 
-impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for Signed<T> {
+impl<T: DeserializeOwned, const IDEMPOTENT: bool> FromRequest<Arc<AppState>> for Signed<T, IDEMPOTENT> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
@@ -129,10 +134,11 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for Signed<T> {
             .expect("nonce cache lock")
             .check_and_remember(node_id, &headers.nonce, headers.timestamp_ms, now_ms)
             .inspect_err(|_| Metrics::add(&state.metrics.signatures_refused, 1))?;
-        let fresh = state
-            .nonces
-            .submit((node_id, headers.nonce.clone(), headers.timestamp_ms * 1000))
-            .await?;
+        let fresh = IDEMPOTENT
+            || state
+                .nonces
+                .submit((node_id, headers.nonce.clone(), headers.timestamp_ms * 1000))
+                .await?;
         if !fresh {
             Metrics::add(&state.metrics.signatures_refused, 1);
             let _ = state

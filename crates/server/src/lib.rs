@@ -3,8 +3,10 @@
 //! share one PostgreSQL database: all serve the API, one (holding an advisory lock) reconciles.
 
 mod batch;
+mod beats;
 mod error;
 mod extract;
+mod lease_hints;
 mod metrics;
 mod money;
 mod openapi;
@@ -178,11 +180,12 @@ pub async fn start(database_url: &str, config: Config) -> anyhow_like::Result<Ru
             tracing::error!(%error, "the API server stopped");
         }
     });
+    let beats = tokio::spawn(beats::run(state.clone(), watch.clone()));
     let reconcile = tokio::spawn(reconcile::run(state.clone(), watch));
     Ok(Running {
         addr,
         state,
         shutdown,
-        tasks: vec![serve, reconcile],
+        tasks: vec![serve, beats, reconcile],
     })
 }

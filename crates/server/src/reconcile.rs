@@ -18,7 +18,7 @@ use crate::state::{AppState, Metrics, RECONCILE_JOBS_MAX, now_us};
 use crate::view::FleetView;
 
 /// Placements written per transaction.
-pub const PLACEMENTS_PER_COMMIT_MAX: usize = 256;
+pub const PLACEMENTS_PER_COMMIT_MAX: usize = 64;
 /// A replica that does not lead rebuilds its read-only view (quotes, offers) at most this often.
 pub const FOLLOWER_VIEW_MAX_AGE: Duration = Duration::from_secs(5);
 
@@ -111,6 +111,7 @@ pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receive
                         tracing::warn!(%message, "another replica leads now; following");
                         guard = None;
                         state.metrics.is_leader.store(0, std::sync::atomic::Ordering::Relaxed);
+                        state.lease_hints.forget();
                     }
                     Err(error) => tracing::warn!(%error, "reconcile pass failed; retrying"),
                 }
@@ -119,6 +120,7 @@ pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receive
                 tracing::warn!("lost the leader lock; following");
                 guard = None;
                 state.metrics.is_leader.store(0, std::sync::atomic::Ordering::Relaxed);
+                state.lease_hints.forget();
             }
         }
         let wait = if guard.is_some() {
@@ -145,6 +147,18 @@ pub struct Cursor {
     pub ended_since: i64,
     /// Nodes that went on or off line at or after this are updated in the matcher.
     pub online_since: i64,
+    /// When the last pass looked for silent nodes.
+    pub silence_checked_at: i64,
+}
+
+/// The longest gap between two looks for silent nodes (a scan of the nodes table); never more
+/// than a quarter of the heartbeat timeout.
+pub const SILENCE_CHECK_EVERY_MAX_US: i64 = 5_000_000;
+
+/// A lease the store now holds: the view maps it, and heartbeats from its node ask for it.
+fn record_lease(state: &AppState, view: &mut FleetView, record: &store::LeaseRecord, id: model::LeaseId) {
+    view.record_lease(record.id, id);
+    state.lease_hints.leased(record.lease.node_id);
 }
 
 /// One reconcile pass. Public so tests can drive the loop step by step.
@@ -164,6 +178,11 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
         cursor.ended_since = now;
         cursor.online_since = now;
     }
+    if rebuild || !state.lease_hints.known() {
+        // Only this task writes leases while it leads, so the store's answer is exact now.
+        let leases = state.store.live_leases().await?;
+        state.lease_hints.know(leases.iter().map(|lease| lease.lease.node_id));
+    }
     // Nodes that came back (heartbeats reach any replica) or went away.
     let changes = state
         .store
@@ -177,7 +196,11 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
             cursor.online_since = cursor.online_since.max(at);
         }
     }
-    lose_silent_nodes(state, now).await?;
+    let timeout_us = i64::try_from(state.config.heartbeat_timeout_ms).unwrap_or(i64::MAX / 1000) * 1000;
+    if now - cursor.silence_checked_at >= (timeout_us / 4).min(SILENCE_CHECK_EVERY_MAX_US) {
+        lose_silent_nodes(state, now).await?;
+        cursor.silence_checked_at = now;
+    }
     // Leases that ended (reported to any replica) free their capacity.
     let ended = state
         .store
@@ -354,7 +377,7 @@ async fn repair_gang(state: &AppState, job_id: i64, lost: &[model::Lease], now: 
     let records = state.store.add_leases(job_id, &new, now, fence).await?;
     if let Some(view) = state.view.lock().await.as_mut() {
         for (record, id) in records.iter().zip(ids) {
-            view.record_lease(record.id, id);
+            record_lease(state, view, record, id);
         }
     }
     Metrics::add(&state.metrics.leases_granted, records.len() as u64);
@@ -504,10 +527,13 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
         .chunks(PLACEMENTS_PER_COMMIT_MAX)
         .zip(pending.chunks(PLACEMENTS_PER_COMMIT_MAX))
     {
-        let result = state
-            .store
-            .commit_placements(writes, now, state.fence.load(std::sync::atomic::Ordering::SeqCst))
-            .await;
+        let result = {
+            let _turn = state.writer_turn().await;
+            state
+                .store
+                .commit_placements(writes, now, state.fence.load(std::sync::atomic::Ordering::SeqCst))
+                .await
+        };
         let mut guard = state.view.lock().await;
         let view = guard.as_mut().expect("built before placing");
         match result {
@@ -518,7 +544,7 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
                             Metrics::add(&state.metrics.placements, 1);
                             Metrics::add(&state.metrics.leases_granted, records.len() as u64);
                             for (record, id) in records.iter().zip(&pending.matcher_leases) {
-                                view.record_lease(record.id, *id);
+                                record_lease(state, view, record, *id);
                             }
                         }
                         None => {

@@ -15,8 +15,10 @@ use model::{GpuCatalog, Micros};
 use serde::Deserialize;
 use store::{JobEnd, JobRecord, JobState, LeaseState, NewJob, NewNode, Role};
 
+use crate::beats;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{Auth, JsonBody, Path, Query, Signed};
+use crate::lease_hints::Hint;
 use crate::money;
 use crate::state::{AppState, Caller, LONG_POLL_MS_MAX, Metrics, now_us};
 use crate::views::{job_request, job_view, lease_view, node_view};
@@ -473,7 +475,15 @@ async fn full_node_view(state: &AppState, record: &store::NodeRecord) -> ApiResu
     let outcomes = state.store.outcomes(record.id, 0).await?;
     let ok = outcomes.iter().filter(|(outcome, _)| outcome == "ok").count() as u64;
     let faults = outcomes.len() as u64 - ok;
-    Ok(node_view(record, crate::view::reliability(ok, faults), live, 0))
+    let mut view = node_view(record, crate::view::reliability(ok, faults), live, 0);
+    // This replica may have heard the node since the store did (see `beats`).
+    if let Some((at, telemetry)) = state.beats.last(record.id)
+        && record.last_heartbeat_at.is_none_or(|stored| stored < at)
+    {
+        view.last_heartbeat_at_us = Some(at);
+        view.telemetry = serde_json::from_str(&telemetry).ok();
+    }
+    Ok(view)
 }
 
 pub async fn list_nodes(State(state): AppStateRef, Auth(caller): Auth) -> ApiResult<Json<Vec<NodeView>>> {
@@ -564,9 +574,25 @@ async fn agent_leases(state: &AppState, node_id: i64) -> ApiResult<Vec<AgentLeas
     Ok(out)
 }
 
+/// `agent_leases`, without asking the store when the leader knows the node holds none.
+async fn agent_leases_hinted(state: &AppState, node_id: i64) -> ApiResult<Vec<AgentLease>> {
+    match state.lease_hints.of(node_id) {
+        Hint::None => Ok(Vec::new()),
+        Hint::Ask(mark) => {
+            let leases = agent_leases(state, node_id).await?;
+            if let Some(mark) = mark
+                && leases.is_empty()
+            {
+                state.lease_hints.clear(node_id, mark);
+            }
+            Ok(leases)
+        }
+    }
+}
+
 pub async fn heartbeat(
     State(state): AppStateRef,
-    signed: Signed<HeartbeatRequest>,
+    signed: Signed<HeartbeatRequest, true>,
 ) -> ApiResult<Json<HeartbeatResponse>> {
     let now = now_us();
     let request = &signed.body;
@@ -580,30 +606,35 @@ pub async fn heartbeat(
     }
     if let Some(fingerprint) = &request.fingerprint {
         check_name("fingerprint", fingerprint, false)?;
-        if state
+    }
+    let telemetry = serde_json::json!({"gpus": request.gpus, "over_limit": request.over_limit}).to_string();
+    let datasets = request
+        .datasets
+        .as_ref()
+        .map(|digests| serde_json::to_string(digests).unwrap_or_else(|_| "[]".into()));
+    let noted = state.beats.note(
+        signed.node_id,
+        now,
+        telemetry,
+        request.fingerprint.as_deref(),
+        datasets,
+        beats::persist_every_us(&state.config),
+    );
+    if noted.fingerprint_to_check
+        && let Some(fingerprint) = &request.fingerprint
+        && state
             .store
             .set_node_fingerprint(signed.node_id, fingerprint, now)
             .await?
-        {
-            state
-                .store
-                .record_evidence(Some(signed.node_id), "fingerprint_changed", fingerprint, now)
-                .await?;
-        }
+    {
+        state
+            .store
+            .record_evidence(Some(signed.node_id), "fingerprint_changed", fingerprint, now)
+            .await?;
     }
-    let telemetry = serde_json::json!({"gpus": request.gpus, "over_limit": request.over_limit}).to_string();
-    state.heartbeats.submit_detached(store::Heartbeat {
-        node_id: signed.node_id,
-        at: now,
-        telemetry,
-        datasets: request
-            .datasets
-            .as_ref()
-            .map(|digests| serde_json::to_string(digests).unwrap_or_else(|_| "[]".into())),
-    })?;
     Metrics::add(&state.metrics.heartbeats, 1);
     Ok(Json(HeartbeatResponse {
-        leases: agent_leases(&state, signed.node_id).await?,
+        leases: agent_leases_hinted(&state, signed.node_id).await?,
         heartbeat_interval_ms: state.config.heartbeat_interval_ms,
     }))
 }
@@ -639,12 +670,12 @@ fn lease_set_version(leases: &[AgentLease]) -> String {
 pub async fn poll_leases(
     State(state): AppStateRef,
     Query(poll): Query<LeasePoll>,
-    signed: Signed<serde_json::Value>,
+    signed: Signed<serde_json::Value, true>,
 ) -> ApiResult<Json<LeaseSet>> {
     let wait = Duration::from_millis(poll.wait_ms.unwrap_or(0).min(LONG_POLL_MS_MAX));
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let leases = agent_leases(&state, signed.node_id).await?;
+        let leases = agent_leases_hinted(&state, signed.node_id).await?;
         let version = lease_set_version(&leases);
         if poll.known.as_deref() != Some(version.as_str()) || tokio::time::Instant::now() >= deadline {
             return Ok(Json(LeaseSet { version, leases }));

@@ -8,11 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use matcher::MatcherConfig;
-use store::{Backend, Heartbeat, JobRecord, NewJob, Role, Store};
+use store::{Backend, JobRecord, NewJob, Role, Store};
 use trust::{NonceCache, VerifyingKey};
 
 use crate::batch::{Batcher, WriterHome};
+use crate::beats::Beats;
 use crate::error::ApiError;
+use crate::lease_hints::LeaseHints;
 use crate::view::FleetView;
 
 /// How long a verified API key is trusted without asking the store again. A key revoked on
@@ -109,7 +111,10 @@ pub struct AppState {
     nodes: Mutex<HashMap<i64, NodeIdentity>>,
     pub nonce_cache: Mutex<NonceCache>,
     pub nonces: Batcher<(i64, String, i64), bool>,
-    pub heartbeats: Batcher<Heartbeat, ()>,
+    pub beats: Beats,
+    /// Which nodes may hold live leases, while this replica leads.
+    pub lease_hints: LeaseHints,
+    turns: WriterTurns,
     pub submissions: Batcher<NewJob, JobRecord>,
     pub view: tokio::sync::Mutex<Option<FleetView>>,
     pub metrics: Metrics,
@@ -165,20 +170,7 @@ impl AppState {
                 store.remember_nonces(&items).await.map_err(|error| error.to_string())
             }
         });
-        let (beat_store, beat_turns) = (store.clone(), turns.clone());
-        let heartbeats = Batcher::start("heartbeat", BATCH_ROWS_MAX, home, move |items: Vec<Heartbeat>| {
-            let (store, turns) = (beat_store.clone(), beat_turns.clone());
-            async move {
-                let _turn = turns.take().await;
-                let count = items.len();
-                store
-                    .record_heartbeats(&items)
-                    .await
-                    .map(|()| vec![(); count])
-                    .map_err(|error| error.to_string())
-            }
-        });
-        let (job_store, job_turns) = (store.clone(), turns);
+        let (job_store, job_turns) = (store.clone(), turns.clone());
         let submissions = Batcher::start("submission", BATCH_ROWS_MAX, home, move |items: Vec<NewJob>| {
             let (store, turns) = (job_store.clone(), job_turns.clone());
             async move {
@@ -197,7 +189,9 @@ impl AppState {
             keys: Mutex::new(HashMap::new()),
             nodes: Mutex::new(HashMap::new()),
             nonces,
-            heartbeats,
+            beats: Beats::default(),
+            lease_hints: LeaseHints::default(),
+            turns,
             submissions,
             view: tokio::sync::Mutex::new(None),
             metrics: Metrics::default(),
@@ -280,6 +274,11 @@ impl AppState {
     }
 
     /// A token bucket per account (`node` false) or per node (`node` true).
+    /// Waits for this replica's turn to write (on SQLite; at once on PostgreSQL).
+    pub async fn writer_turn(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        self.turns.take().await
+    }
+
     pub fn rate_limit(&self, node: bool, id: i64) -> Result<(), ApiError> {
         let (rate, burst) = if node {
             (NODE_RATE_PER_S, NODE_BURST)

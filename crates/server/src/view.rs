@@ -29,7 +29,7 @@ pub struct FleetView {
     /// Matcher lease id ↔ store lease id.
     pub lease_of_store: HashMap<i64, LeaseId>,
     pub store_of_lease: HashMap<LeaseId, i64>,
-    /// What the view was built from: (nodes version, node count).
+    /// What the view was built from: `Store::nodes_version`.
     pub version: (i64, i64),
 }
 

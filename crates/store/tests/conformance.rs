@@ -172,7 +172,7 @@ async fn nodes_heartbeats_and_nonces() {
         );
         assert_eq!(store.node(first.id).await.unwrap().unwrap(), first);
         assert_eq!(store.nodes().await.unwrap().len(), 2);
-        assert_eq!(store.nodes_version().await.unwrap(), (11, 2));
+        assert_eq!(store.nodes_version().await.unwrap(), (11, second.id));
         store
             .record_heartbeats(&[
                 Heartbeat {
