@@ -153,6 +153,23 @@ impl Running {
     }
 }
 
+/// Copies SQLite's log back into its file every `CHECKPOINT_EVERY` until `shutdown`.
+async fn checkpoints(store: Store, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(CHECKPOINT_EVERY) => {
+                if let Err(error) = store.checkpoint().await {
+                    tracing::warn!(%error, "checkpoint failed; trying again later");
+                }
+            }
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// How often SQLite's write-ahead log is copied back into the database file.
+pub const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Opens the store, bootstraps the admin, binds, and starts the API and the reconcile loop.
 pub async fn start(database_url: &str, config: Config) -> anyhow_like::Result<Running> {
     std::fs::create_dir_all(&config.data_dir)?;
@@ -181,11 +198,12 @@ pub async fn start(database_url: &str, config: Config) -> anyhow_like::Result<Ru
         }
     });
     let beats = tokio::spawn(beats::run(state.clone(), watch.clone()));
+    let checkpoints = tokio::spawn(checkpoints(state.store.clone(), watch.clone()));
     let reconcile = tokio::spawn(reconcile::run(state.clone(), watch));
     Ok(Running {
         addr,
         state,
         shutdown,
-        tasks: vec![serve, beats, reconcile],
+        tasks: vec![serve, beats, checkpoints, reconcile],
     })
 }

@@ -158,30 +158,44 @@ pub(crate) async fn apply_ledger_in(
             )))
         };
     }
+    // One statement per balance (a new account starts at zero): a broken floor fails the
+    // transaction, which every caller then rolls back.
     for ((account, amount), floor) in transaction.entries.iter().zip(floors) {
-        sqlx::query("INSERT INTO ledger_balances (account, balance) VALUES ($1, 0) ON CONFLICT (account) DO NOTHING")
-            .bind(account)
-            .execute(&mut **db)
-            .await?;
-        let updated =
-            sqlx::query("UPDATE ledger_balances SET balance = balance + $1 WHERE account = $2 AND balance + $1 >= $3")
-                .bind(*amount)
-                .bind(account)
-                .bind(*floor)
-                .execute(&mut **db)
-                .await?;
-        if updated.rows_affected() == 0 {
+        let balance: i64 = sqlx::query(
+            "INSERT INTO ledger_balances (account, balance) VALUES ($1, $2) \
+             ON CONFLICT (account) DO UPDATE SET balance = ledger_balances.balance + excluded.balance \
+             RETURNING balance",
+        )
+        .bind(account)
+        .bind(*amount)
+        .fetch_one(&mut **db)
+        .await?
+        .try_get("balance")?;
+        if balance < *floor {
             return Err(StoreError::Refused(format!(
                 "account {account} would go below its floor of {floor} micro-dollars"
             )));
         }
-        sqlx::query("INSERT INTO ledger_entries (tx_key, account, amount, at) VALUES ($1, $2, $3, $4)")
+    }
+    if transaction.entries.is_empty() {
+        return Ok(LedgerOutcome::New);
+    }
+    let values = (0..transaction.entries.len())
+        .map(|entry| {
+            let first = 4 * entry + 1;
+            format!("(${first}, ${}, ${}, ${})", first + 1, first + 2, first + 3)
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let query = format!("INSERT INTO ledger_entries (tx_key, account, amount, at) VALUES {values}");
+    let mut insert = sqlx::query(sqlx::AssertSqlSafe(query));
+    for (account, amount) in &transaction.entries {
+        insert = insert
             .bind(&transaction.key)
             .bind(account)
             .bind(*amount)
-            .bind(transaction.at)
-            .execute(&mut **db)
-            .await?;
+            .bind(transaction.at);
     }
+    insert.execute(&mut **db).await?;
     Ok(LedgerOutcome::New)
 }

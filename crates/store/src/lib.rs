@@ -27,6 +27,26 @@ pub const SQLITE_BUSY_TIMEOUT_MS: u64 = 10_000;
 pub const SQLITE_MMAP_BYTES: u64 = 4 << 30;
 /// Each SQLite connection's page cache.
 pub const SQLITE_CACHE_KIB: u64 = 64 << 10;
+/// The settings of every SQLite connection.
+fn sqlite_pragmas() -> [String; 6] {
+    [
+        format!("PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}"),
+        // With WAL (set once per file, at open) readers run beside the writer; FULL makes
+        // every commit durable across a power cut, not only a crash.
+        "PRAGMA synchronous = FULL".to_string(),
+        "PRAGMA foreign_keys = ON".to_string(),
+        // The default page cache is 2 MiB per connection; a fleet of 125,000 nodes is a few
+        // hundred MiB, and every miss was a read system call. Mapped pages are the kernel's
+        // page cache, shared by every connection.
+        format!("PRAGMA mmap_size = {SQLITE_MMAP_BYTES}"),
+        format!("PRAGMA cache_size = -{SQLITE_CACHE_KIB}"),
+        // A writer that filled the log past 1,000 pages copied it back into the file inside
+        // its own commit, a stall of up to hundreds of milliseconds; `Store::checkpoint` does
+        // it beside the writers instead.
+        "PRAGMA wal_autocheckpoint = 0".to_string(),
+    ]
+}
+
 /// The advisory lock key the reconcile leader holds on PostgreSQL ("fallow" in ASCII).
 pub const LEADER_LOCK_KEY: i64 = 0x66_61_6c_6c_6f_77;
 
@@ -111,28 +131,11 @@ impl Store {
             .after_connect(move |connection, _| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {
-                        // WAL lets readers run beside the writer; FULL makes every commit
-                        // durable across a power cut, not only a crash.
-                        sqlx::query(sqlx::AssertSqlSafe(format!(
-                            "PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}"
-                        )))
-                        .execute(&mut *connection)
-                        .await?;
-                        sqlx::query("PRAGMA synchronous = FULL")
-                            .execute(&mut *connection)
-                            .await?;
-                        sqlx::query("PRAGMA foreign_keys = ON")
-                            .execute(&mut *connection)
-                            .await?;
-                        // SQLite's default page cache is 2 MiB per connection; a fleet of
-                        // 125,000 nodes is a few hundred MiB, and every miss was a read system
-                        // call. Mapped pages are the kernel's page cache, shared by connections.
-                        sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA mmap_size = {SQLITE_MMAP_BYTES}")))
-                            .execute(&mut *connection)
-                            .await?;
-                        sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA cache_size = -{SQLITE_CACHE_KIB}")))
-                            .execute(&mut *connection)
-                            .await?;
+                        for pragma in sqlite_pragmas() {
+                            sqlx::query(sqlx::AssertSqlSafe(pragma))
+                                .execute(&mut *connection)
+                                .await?;
+                        }
                     }
                     Ok(())
                 })
@@ -183,6 +186,17 @@ impl Store {
 
     pub fn pool(&self) -> &AnyPool {
         &self.pool
+    }
+
+    /// Copies SQLite's write-ahead log back into the database file as far as no reader still
+    /// needs it, without blocking writers; nothing to do on PostgreSQL. Call it every second or so.
+    pub async fn checkpoint(&self) -> Result<()> {
+        if self.backend == Backend::Sqlite {
+            sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(())
     }
 
     pub async fn close(&self) {
