@@ -24,8 +24,9 @@ use crate::state::{AppState, Config};
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// The longest a node's stored heartbeat may go unrefreshed while it beats.
 pub const PERSIST_EVERY_MAX_US: i64 = 15_000_000;
-/// Rows per flush transaction.
-const FLUSH_ROWS_MAX: usize = 4_096;
+/// Rows per flush transaction: the writers' turn passes between them, so a submission waits
+/// for one of these at most, not for the whole flush.
+const FLUSH_ROWS_MAX: usize = 512;
 
 /// How long a node's stored heartbeat may go unrefreshed: at most `PERSIST_EVERY_MAX_US`, and
 /// short enough that the stored time plus one interval stays inside the timeout with room for

@@ -180,13 +180,7 @@ pub(crate) async fn apply_ledger_in(
     if transaction.entries.is_empty() {
         return Ok(LedgerOutcome::New);
     }
-    let values = (0..transaction.entries.len())
-        .map(|entry| {
-            let first = 4 * entry + 1;
-            format!("(${first}, ${}, ${}, ${})", first + 1, first + 2, first + 3)
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
+    let values = crate::values_rows(transaction.entries.len(), &["", "", "", ""]);
     let query = format!("INSERT INTO ledger_entries (tx_key, account, amount, at) VALUES {values}");
     let mut insert = sqlx::query(sqlx::AssertSqlSafe(query));
     for (account, amount) in &transaction.entries {

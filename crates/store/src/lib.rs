@@ -27,6 +27,30 @@ pub const SQLITE_BUSY_TIMEOUT_MS: u64 = 10_000;
 pub const SQLITE_MMAP_BYTES: u64 = 4 << 30;
 /// Each SQLite connection's page cache.
 pub const SQLITE_CACHE_KIB: u64 = 64 << 10;
+/// The rows of a multi-row `VALUES` list with numbered parameters: `rows` rows of one
+/// parameter per entry of `types`, each cast to that type unless it is empty (a cast gives
+/// the columns a type on PostgreSQL, where a `VALUES` list feeds an `UPDATE`).
+pub(crate) fn values_rows(rows: usize, types: &[&str]) -> String {
+    (0..rows)
+        .map(|row| {
+            let cells = types
+                .iter()
+                .enumerate()
+                .map(|(column, kind)| {
+                    let parameter = row * types.len() + column + 1;
+                    if kind.is_empty() {
+                        format!("${parameter}")
+                    } else {
+                        format!("CAST(${parameter} AS {kind})")
+                    }
+                })
+                .collect::<Vec<_>>();
+            format!("({})", cells.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The settings of every SQLite connection.
 fn sqlite_pragmas() -> [String; 6] {
     [

@@ -7,6 +7,9 @@ use sqlx::any::AnyRow;
 use crate::accounts::is_unique_violation;
 use crate::{Heartbeat, NewNode, NodeRecord, Result, Store, StoreError};
 
+/// Heartbeats per `UPDATE` (four parameters each; SQLite allows 32,766 in a statement).
+const HEARTBEATS_PER_STATEMENT_MAX: usize = 512;
+
 const NODE_COLUMNS: &str = "id, provider_id, name, public_key, fingerprint, fingerprint_changed_at, region, site, \
     fabric, nvlink_domain, latitude, longitude, gpu_model, gpu_count, cpu_milli, memory_mib, network_mbit_s, \
     simulated, policy, datasets, registered_at, updated_at, last_heartbeat_at, online, telemetry";
@@ -163,20 +166,30 @@ impl Store {
         if beats.is_empty() {
             return Ok(());
         }
+        // One statement for the batch: per statement, sqlx's round trip to SQLite's worker
+        // thread cost more than the update itself.
         let mut transaction = self.begin_write().await?;
-        for beat in beats {
-            sqlx::query(
-                "UPDATE nodes SET last_heartbeat_at = $1, telemetry = $2, datasets = COALESCE($3, datasets), \
-                 updated_at = CASE WHEN $3 IS NOT NULL AND $3 <> datasets THEN $1 ELSE updated_at END, \
-                 online_changed_at = CASE WHEN online = 0 THEN $1 ELSE online_changed_at END, \
-                 online = 1 WHERE id = $4",
-            )
-            .bind(beat.at)
-            .bind(&beat.telemetry)
-            .bind(beat.datasets.as_deref())
-            .bind(beat.node_id)
-            .execute(&mut *transaction)
-            .await?;
+        for chunk in beats.chunks(HEARTBEATS_PER_STATEMENT_MAX) {
+            let query = format!(
+                "UPDATE nodes SET last_heartbeat_at = v.at, telemetry = v.telemetry, \
+                 datasets = COALESCE(v.datasets, nodes.datasets), \
+                 updated_at = CASE WHEN v.datasets IS NOT NULL AND v.datasets <> nodes.datasets \
+                 THEN v.at ELSE nodes.updated_at END, \
+                 online_changed_at = CASE WHEN nodes.online = 0 THEN v.at ELSE nodes.online_changed_at END, \
+                 online = 1 \
+                 FROM (SELECT column1 AS id, column2 AS at, column3 AS telemetry, column4 AS datasets \
+                 FROM (VALUES {}) AS raw) AS v WHERE nodes.id = v.id",
+                crate::values_rows(chunk.len(), &["BIGINT", "BIGINT", "TEXT", "TEXT"])
+            );
+            let mut update = sqlx::query(sqlx::AssertSqlSafe(query));
+            for beat in chunk {
+                update = update
+                    .bind(beat.node_id)
+                    .bind(beat.at)
+                    .bind(&beat.telemetry)
+                    .bind(beat.datasets.as_deref());
+            }
+            update.execute(&mut *transaction).await?;
         }
         transaction.commit().await?;
         Ok(())
