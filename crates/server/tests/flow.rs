@@ -494,3 +494,99 @@ async fn losing_a_gold_lease_to_a_node_fault_credits_the_tenant() {
     )
     .await;
 }
+
+/// The live leases of a job view: (lease id, node id) pairs.
+fn live_leases(view: &Value) -> Vec<(Value, Value)> {
+    view["leases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|lease| ["pending", "staging", "running"].contains(&lease["state"].as_str().unwrap_or("")))
+        .map(|lease| (lease["id"].clone(), lease["node_id"].clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gang_that_loses_a_node_is_repaired_beside_its_survivor() {
+    on_every_backend_with(
+        |config| config.heartbeat_timeout_ms = 1500,
+        async |h: &Harness| {
+            let tenant = h.tenant("acme").await;
+            let provider = h.provider("gpu-farm").await;
+            h.credit(&tenant, "500.00").await;
+            // Two 8-GPU nodes in one fabric take a two-replica gang, one replica each.
+            let survivor = h.node(&provider, "a", |_| {}).await;
+            let doomed = h.node(&provider, "b", |_| {}).await;
+            let mut gang = job_request("gang");
+            gang["gpus"] = json!(8);
+            gang["replicas"] = json!(2);
+            gang["topology"] = json!("fabric");
+            let job_id = micros(&h.submit(&tenant, gang).await["id"]);
+            let path = format!("/v1/jobs/{job_id}");
+            let placed = h
+                .wait_for("the gang to run on both nodes", async || {
+                    survivor.heartbeat().await;
+                    doomed.heartbeat().await;
+                    let view = h.get(&tenant.key, &path).await.expect(200, "job");
+                    (live_leases(&view).len() == 2).then_some(view)
+                })
+                .await;
+            let before = live_leases(&placed);
+            let kept = before
+                .iter()
+                .find(|(_, node)| *node == survivor.node_id)
+                .cloned()
+                .expect("one replica on the survivor");
+            // A spare node joins the fabric (all three beat until the store has it on line);
+            // then `doomed` falls silent.
+            let spare = h.node(&provider, "c", |_| {}).await;
+            let spare_path = format!("/v1/nodes/{}", spare.node_id);
+            h.wait_for("the spare node to come on line", async || {
+                survivor.heartbeat().await;
+                doomed.heartbeat().await;
+                spare.heartbeat().await;
+                let node = h.get(&provider.key, &spare_path).await.expect(200, "node");
+                (node["online"] == true).then_some(())
+            })
+            .await;
+            let repaired = h
+                .wait_for("the lost replica to move to the spare node", async || {
+                    survivor.heartbeat().await;
+                    spare.heartbeat().await;
+                    let view = h.get(&tenant.key, &path).await.expect(200, "job");
+                    live_leases(&view)
+                        .iter()
+                        .any(|(_, node)| *node == spare.node_id)
+                        .then_some(view)
+                })
+                .await;
+            assert_eq!(
+                repaired["state"], "running",
+                "{}: repaired, not requeued: {repaired}",
+                h.backend
+            );
+            let after = live_leases(&repaired);
+            assert_eq!(after.len(), 2, "{}: {repaired}", h.backend);
+            assert!(
+                after.contains(&kept),
+                "{}: the survivor's lease is untouched",
+                h.backend
+            );
+            assert!(
+                !after.iter().any(|(_, node)| *node == doomed.node_id),
+                "{}: nothing left on the silent node",
+                h.backend
+            );
+            let lost = repaired["leases"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|lease| lease["node_id"] == doomed.node_id)
+                .map(|lease| lease["state"].clone())
+                .collect::<Vec<_>>();
+            assert_eq!(lost, vec![json!("lost")], "{}: {repaired}", h.backend);
+            assert!(h.metric("fallow_leases_lost_total").await >= 1.0, "{}", h.backend);
+        },
+    )
+    .await;
+}
