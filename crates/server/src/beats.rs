@@ -32,9 +32,8 @@ const FLUSH_ROWS_MAX: usize = 512;
 /// short enough that the stored time plus one interval stays inside the timeout with room for
 /// another interval (0, every beat written, when the timeout is that short).
 pub fn persist_every_us(config: &Config) -> i64 {
-    let timeout = i64::try_from(config.heartbeat_timeout_ms).unwrap_or(i64::MAX / 1000) * 1000;
-    let interval = i64::try_from(config.heartbeat_interval_ms).unwrap_or(i64::MAX / 1000) * 1000;
-    ((timeout - 2 * interval) / 2).clamp(0, PERSIST_EVERY_MAX_US)
+    let (timeout, interval) = (config.heartbeat_timeout_us(), config.heartbeat_interval_us());
+    (timeout.saturating_sub(interval.saturating_mul(2)) / 2).clamp(0, PERSIST_EVERY_MAX_US)
 }
 
 /// What this replica last heard from one node.

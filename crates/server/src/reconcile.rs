@@ -196,8 +196,8 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
             cursor.online_since = cursor.online_since.max(at);
         }
     }
-    let timeout_us = i64::try_from(state.config.heartbeat_timeout_ms).unwrap_or(i64::MAX / 1000) * 1000;
-    if now - cursor.silence_checked_at >= (timeout_us / 4).min(SILENCE_CHECK_EVERY_MAX_US) {
+    let check_every = (state.config.heartbeat_timeout_us() / 4).min(SILENCE_CHECK_EVERY_MAX_US);
+    if now - cursor.silence_checked_at >= check_every {
         lose_silent_nodes(state, now).await?;
         cursor.silence_checked_at = now;
     }
@@ -238,7 +238,7 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
 }
 
 async fn lose_silent_nodes(state: &AppState, now: i64) -> Result<(), ApiError> {
-    let cutoff = now - state.config.heartbeat_timeout_ms as i64 * 1000;
+    let cutoff = now.saturating_sub(state.config.heartbeat_timeout_us());
     for node in state.store.silent_nodes(cutoff).await? {
         if !state.store.set_node_offline(node, now).await? {
             continue;

@@ -48,6 +48,21 @@ pub struct Config {
     pub matcher: MatcherConfig,
 }
 
+impl Config {
+    pub fn heartbeat_interval_us(&self) -> i64 {
+        micros_of_ms(self.heartbeat_interval_ms)
+    }
+
+    pub fn heartbeat_timeout_us(&self) -> i64 {
+        micros_of_ms(self.heartbeat_timeout_ms)
+    }
+}
+
+/// Milliseconds as microseconds, saturating.
+fn micros_of_ms(ms: u64) -> i64 {
+    i64::try_from(ms).map_or(i64::MAX, |ms| ms.saturating_mul(1000))
+}
+
 impl Default for Config {
     fn default() -> Config {
         Config {
