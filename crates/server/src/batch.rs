@@ -128,12 +128,4 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
             ))),
         }
     }
-
-    /// Queues one write without waiting for it (for writes whose loss in a crash is harmless).
-    pub fn submit_detached(&self, item: T) -> Result<(), ApiError> {
-        let (reply, _) = oneshot::channel();
-        self.queue
-            .try_send((item, reply))
-            .map_err(|_| ApiError::Unavailable(format!("the {} writer is saturated; retry shortly", self.what)))
-    }
 }
