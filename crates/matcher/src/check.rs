@@ -130,6 +130,15 @@ impl Matcher {
         ] {
             self.check_order(name, order)?;
         }
+        let index = &self.index;
+        index
+            .by_model
+            .check_filters(index.model_ranges.iter())
+            .map_err(|error| format!("by_model: {error}"))?;
+        index
+            .by_region_model
+            .check_filters(index.region_ranges.iter().flatten())
+            .map_err(|error| format!("by_region_model: {error}"))?;
         Ok(())
     }
 

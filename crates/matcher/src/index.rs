@@ -18,6 +18,13 @@ pub(crate) const SHARE_BUCKETS: usize = 11;
 /// Which tiers a node hosts: bit 0 bronze, bit 1 gold or silver. Sets are split by it so the
 /// search can bound the penalty for mixing tiers.
 pub(crate) const TIER_CLASSES: usize = 4;
+/// Reliability floors with a static filter over each order's ranks: a job's floor uses the
+/// highest step at or under it, so nodes below the step are passed over by the word.
+pub(crate) const RELIABILITY_STEPS_PPM: [u32; 5] = [800_000, 900_000, 950_000, 980_000, 990_000];
+/// Ask steps per range (quantiles of its nodes' reference asks), each with a static filter:
+/// a price cap uses the lowest step at or over it, so the nodes it rules out are mostly
+/// passed over by the word.
+pub(crate) const ASK_STEPS: usize = 8;
 
 /// A node's place in the sets: (whole GPUs free, share bucket, tier class).
 pub(crate) type Levels = (u8, u8, u8);
@@ -64,6 +71,12 @@ pub(crate) struct Order {
     /// and each range's first rank.
     range_of_rank: Vec<u16>,
     range_starts: Vec<u32>,
+    /// Static filters over ranks, one bit per rank as in a set's bottom level:
+    /// `reliable[k]`: reliability at least `RELIABILITY_STEPS_PPM[k]`; `ask_within[k]`: reference
+    /// ask at most the `k`-th ask step of the rank's range; `everyone`: every rank.
+    reliable: Vec<Vec<u64>>,
+    ask_within: Vec<Vec<u64>>,
+    everyone: Vec<u64>,
     /// `whole_firsts[range × slots + slot]`: the first member of `whole[slot]` in the range, kept on
     /// every change so that opening a lane costs no bitmap search (`u32::MAX` = none).
     whole_firsts: Vec<First>,
@@ -78,7 +91,7 @@ impl Order {
         for (rank, &node) in nodes.iter().enumerate() {
             ranks[node as usize] = rank as u32;
         }
-        let entries = nodes
+        let entries: Vec<RankEntry> = nodes
             .iter()
             .map(|&node| RankEntry {
                 key: sort_key(node as usize).1,
@@ -99,7 +112,25 @@ impl Order {
             range_of_rank.push(u16::try_from(range_starts.len() - 1).expect("at most 65,536 ranges in an order"));
         }
         let ranges = range_starts.len();
+        let words = nodes.len().div_ceil(64).max(1);
+        let filter = |keep: &dyn Fn(&RankEntry) -> bool| {
+            let mut bits = vec![0u64; words];
+            for (rank, entry) in entries.iter().enumerate() {
+                if keep(entry) {
+                    bits[rank / 64] |= 1 << (rank % 64);
+                }
+            }
+            bits
+        };
+        let reliable = RELIABILITY_STEPS_PPM
+            .iter()
+            .map(|&step| filter(&|entry| entry.reliability_ppm >= step))
+            .collect();
+        let everyone = filter(&|_| true);
         let mut order = Order {
+            reliable,
+            ask_within: vec![vec![0u64; words]; ASK_STEPS],
+            everyone,
             entries,
             whole: (0..WHOLE_LEVELS * TIER_CLASSES)
                 .map(|_| RankSet::new(statics.len()))
@@ -170,6 +201,77 @@ impl Order {
         }
     }
 
+    /// Sets each range's ask steps (quantiles of its reference asks) and fills the ask filters.
+    /// `ranges` are this order's ranges.
+    fn set_ask_steps<'a>(&mut self, ranges: impl Iterator<Item = &'a mut RangeInfo>) {
+        for range in ranges {
+            let ranks = range.ranks.start as usize..range.ranks.end as usize;
+            let mut asks: Vec<i64> = self.entries[ranks.clone()]
+                .iter()
+                .map(|entry| entry.reference_ask)
+                .collect();
+            asks.sort_unstable();
+            for (step, ask) in range.ask_steps.iter_mut().enumerate() {
+                *ask = asks[((step + 1) * asks.len()).div_ceil(ASK_STEPS) - 1];
+            }
+            for rank in ranks {
+                for (step, bits) in self.ask_within.iter_mut().enumerate() {
+                    if self.entries[rank].reference_ask <= range.ask_steps[step] {
+                        bits[rank / 64] |= 1 << (rank % 64);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Checks the static filters and each range's ask steps against the rank entries (for
+    /// `consistency_check`).
+    pub fn check_filters<'a>(&self, ranges: impl Iterator<Item = &'a RangeInfo>) -> Result<(), String> {
+        let bit = |bits: &[u64], rank: usize| bits[rank / 64] >> (rank % 64) & 1 == 1;
+        for range in ranges {
+            let ranks = range.ranks.start as usize..range.ranks.end as usize;
+            let highest = self.entries[ranks.clone()]
+                .iter()
+                .map(|entry| entry.reference_ask)
+                .max();
+            if !range.ask_steps.is_sorted() || range.ask_steps.last().copied() != highest {
+                return Err(format!(
+                    "range {ranks:?}: ask steps {:?} out of order or short of {highest:?}",
+                    range.ask_steps
+                ));
+            }
+            for rank in ranks {
+                let entry = &self.entries[rank];
+                let reliable = RELIABILITY_STEPS_PPM.iter().map(|&step| entry.reliability_ppm >= step);
+                let within = range.ask_steps.iter().map(|&ask| entry.reference_ask <= ask);
+                let kept = self.reliable.iter().chain(&self.ask_within).map(|bits| bit(bits, rank));
+                if !reliable.chain(within).eq(kept) || !bit(&self.everyone, rank) {
+                    return Err(format!(
+                        "rank {rank}: the static filters disagree with its entry {entry:?}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The static filter for a reliability floor: a superset of the ranks that meet it.
+    pub fn reliability_filter(&self, floor_ppm: u32) -> &[u64] {
+        match RELIABILITY_STEPS_PPM.iter().rposition(|&step| step <= floor_ppm) {
+            Some(step) => &self.reliable[step],
+            None => &self.everyone,
+        }
+    }
+
+    /// The static filter for a cap on the reference ask in one range: a superset of the range's
+    /// ranks under the cap.
+    pub fn ask_filter(&self, range: &RangeInfo, reference_ask_max: i64) -> &[u64] {
+        match range.ask_steps.iter().position(|&ask| ask >= reference_ask_max) {
+            Some(step) if step + 1 < ASK_STEPS => &self.ask_within[step],
+            _ => &self.everyone,
+        }
+    }
+
     /// The first member of a set in a range, from the kept table. `share` picks the share sets.
     pub fn first_in_range(&self, share: bool, slot: usize, range: u16) -> Option<First> {
         let (firsts, slots) = if share {
@@ -232,6 +334,19 @@ pub(crate) struct RangeInfo {
     /// Lowest base ask per tier in the range (a price cap below it rules the range out).
     pub ask_min: [i64; 3],
     pub gpu_count_max: u8,
+    /// Least `cu_milli × reliability_weight_ppm` in the range: a node's key is at most its
+    /// reference ask × 10⁹ over this, so a price cap bounds the keys worth walking.
+    pub cu_weight_min: u64,
+    /// Quantiles of the range's reference asks, lowest first (see [`Order::ask_filter`]).
+    pub ask_steps: [i64; ASK_STEPS],
+}
+
+impl RangeInfo {
+    /// The largest key a node of the range can have with its reference ask at most `reference_ask_max`.
+    pub fn key_max(&self, reference_ask_max: i64) -> u64 {
+        let most = u128::from(reference_ask_max.max(0) as u64) * 1_000_000_000 / u128::from(self.cu_weight_min.max(1));
+        u64::try_from(most).unwrap_or(u64::MAX)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -246,16 +361,16 @@ pub(crate) struct Index {
 
 impl Index {
     pub fn build(statics: &[NodeStatic], loads: &[NodeLoad], regions: usize) -> Index {
-        let by_model = Order::build(statics, loads, |node| {
+        let mut by_model = Order::build(statics, loads, |node| {
             (u64::from(statics[node].model), statics[node].reference_key)
         });
-        let by_region_model = Order::build(statics, loads, |node| {
+        let mut by_region_model = Order::build(statics, loads, |node| {
             (
                 (u64::from(statics[node].region) << 16) | u64::from(statics[node].model),
                 statics[node].reference_key,
             )
         });
-        let model_ranges = ranges(&by_model.nodes, statics, |node| statics[node].model as usize);
+        let mut model_ranges = ranges(&by_model.nodes, statics, |node| statics[node].model as usize);
         let mut region_ranges = vec![Vec::new(); regions];
         for range in ranges(&by_region_model.nodes, statics, |node| {
             ((statics[node].region as usize) << 16) | statics[node].model as usize
@@ -267,6 +382,8 @@ impl Index {
             }
             region_ranges[region].push(range);
         }
+        by_model.set_ask_steps(model_ranges.iter_mut());
+        by_region_model.set_ask_steps(region_ranges.iter_mut().flatten());
         Index {
             by_model,
             by_region_model,
@@ -298,6 +415,8 @@ fn ranges(order: &[u32], statics: &[NodeStatic], group: impl Fn(usize) -> usize)
                 model: statics.model,
                 ask_min: [i64::MAX; 3],
                 gpu_count_max: 0,
+                cu_weight_min: u64::MAX,
+                ask_steps: [i64::MAX; ASK_STEPS],
             });
         }
         let range = result.last_mut().expect("pushed above");
@@ -308,6 +427,9 @@ fn ranges(order: &[u32], statics: &[NodeStatic], group: impl Fn(usize) -> usize)
             }
         }
         range.gpu_count_max = range.gpu_count_max.max(statics.gpu_count);
+        range.cu_weight_min = range
+            .cu_weight_min
+            .min(u64::from(statics.cu_milli.max(1)) * u64::from(statics.reliability_weight_ppm.max(1)));
     }
     result
 }

@@ -96,6 +96,32 @@ impl RankSet {
         Some(next_word * 64 + words[next_word].trailing_zeros() as usize)
     }
 
+    /// The smallest member in `from..end` whose bit is also set in both static masks (word
+    /// arrays as long as the set's), if any: filters by word, without touching the members.
+    pub fn next_masked(&self, from: usize, end: usize, first_mask: &[u64], second_mask: &[u64]) -> Option<usize> {
+        let words = &self.levels[0];
+        let mut index = from / 64;
+        if from >= end || index >= words.len() {
+            return None;
+        }
+        let mut bits = words[index] & first_mask[index] & second_mask[index] & (!0u64 << (from % 64));
+        loop {
+            if bits != 0 {
+                let rank = index * 64 + bits.trailing_zeros() as usize;
+                return (rank < end).then_some(rank);
+            }
+            index = if self.levels.len() > 1 {
+                self.next_in_level(1, index + 1)?
+            } else {
+                (index + 1..words.len()).find(|&next| words[next] != 0)?
+            };
+            if index * 64 >= end {
+                return None;
+            }
+            bits = words[index] & first_mask[index] & second_mask[index];
+        }
+    }
+
     /// Members in `start..end`, in order.
     pub fn iter_range(&self, start: usize, end: usize) -> impl Iterator<Item = usize> + '_ {
         let mut cursor = start;
@@ -124,6 +150,15 @@ mod tests {
             prop_assert_eq!(set.len(), reference.len());
             for probe in probes {
                 prop_assert_eq!(set.next_at_or_after(probe), reference.range(probe..).next().copied());
+            }
+            let first_mask: Vec<u64> = (0..79u64).map(|word| word.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+            let second_mask: Vec<u64> = (0..79u64).map(|word| !(word.wrapping_mul(0xc2b2_ae3d_27d4_eb4f) >> 3)).collect();
+            let masked = |rank: usize| (first_mask[rank / 64] & second_mask[rank / 64]) >> (rank % 64) & 1 == 1;
+            for probe in [0usize, 99, 100, 2500, 3999] {
+                prop_assert_eq!(
+                    set.next_masked(probe, 4000, &first_mask, &second_mask),
+                    reference.range(probe..4000).copied().find(|rank| masked(*rank))
+                );
             }
             prop_assert_eq!(set.iter_range(100, 4000).collect::<Vec<_>>(), reference.range(100..4000).copied().collect::<Vec<_>>());
         }

@@ -262,65 +262,132 @@ impl Matcher {
         if matches!(context.job.resources.gpu, GpuDemand::None) {
             return self.plan_single_scan(context);
         }
-        struct Cursor<'a> {
-            set: &'a RankSet,
+        // What a range's lanes share, once the range is opened.
+        struct Opened<'a> {
             order: &'a Order,
-            rank: usize,
             end: usize,
-            penalty: u64,
+            /// Keys above this are over the price cap.
+            key_max: u64,
+            /// Static filters, supersets of the ranks under the price cap and over the reliability floor.
+            filters: (&'a [u64], &'a [u64]),
+        }
+        // A lane: a capacity set within an opened range, from `rank` on.
+        #[derive(Clone, Copy)]
+        struct Lane<'a> {
+            bound: u64,
+            set: &'a RankSet,
+            rank: u32,
+            penalty: u32,
+            opened: u32,
+            /// One past the last lane of the same range (for lanes not started yet).
+            group_end: u32,
         }
         // Heap entries with this bit set stand for a whole range whose lanes are not opened yet:
         // its bound is the range's lowest key, so ranges that cannot win are never searched.
         const RANGE: u32 = 1 << 31;
+        // Heap entries with this bit set stand for a lane not started yet (an index into
+        // `waiting`). An opened range's lanes wait side by side, and only the cheapest of them
+        // is in the heap: most lanes can never beat the runner-up, and they cost one look, not
+        // a heap entry.
+        const LANE: u32 = 1 << 30;
         let max_price = context.job.max_price.0;
         let reliability_min = context.job.reliability_min_ppm;
         let tier = context.tier as usize;
         // A node whose reference ask is above this cannot meet the price cap in this tier.
         let ratio = self.tier_ratio_permille[tier].max(1);
         let reference_ask_max = i64::try_from(i128::from(max_price) * 1000 / i128::from(ratio)).unwrap_or(i64::MAX);
-        let mut cursors: Vec<Cursor> = Vec::with_capacity(32);
+        let mut opened: Vec<Opened> = Vec::with_capacity(8);
+        let mut waiting: Vec<Lane> = Vec::with_capacity(64);
+        let mut cursors: Vec<Lane> = Vec::with_capacity(16);
         let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::with_capacity(32);
         let ranges: Vec<(&Order, &RangeInfo)> = self.ranges_for(context).collect();
         for (position, (order, range)) in ranges.iter().enumerate() {
-            heap.push(Reverse((
-                self.bound(order.entries[range.ranks.start as usize].key, tier, 0),
-                RANGE | position as u32,
-            )));
+            let lowest = order.entries[range.ranks.start as usize].key;
+            if lowest <= range.key_max(reference_ask_max) {
+                heap.push(Reverse((self.bound(lowest, tier, 0), RANGE | position as u32)));
+            }
         }
+        // Moves the cheapest of `lanes` to the front.
+        let cheapest_first = |lanes: &mut [Lane]| {
+            if let Some(cheapest) = (0..lanes.len()).min_by_key(|&position| lanes[position].bound) {
+                lanes.swap(0, cheapest);
+            }
+        };
         let mut best: Option<Fit> = None;
         let mut runner_up: Option<Fit> = None;
-        while let Some(Reverse((bound, index))) = heap.pop() {
+        while let Some(Reverse((bound, mut index))) = heap.pop() {
             if runner_up.is_some_and(|runner_up| bound > runner_up.score) {
                 break;
             }
             if index & RANGE != 0 {
                 let (order, range) = ranges[(index & !RANGE) as usize];
-                let end = range.ranks.end as usize;
+                let group_start = waiting.len();
+                let key_max = range.key_max(reference_ask_max);
+                let opened_index = opened.len() as u32;
+                opened.push(Opened {
+                    order,
+                    end: range.ranks.end as usize,
+                    key_max,
+                    filters: (
+                        order.ask_filter(range, reference_ask_max),
+                        order.reliability_filter(reliability_min),
+                    ),
+                });
                 self.lanes(order, range, context, |set, first, penalty| {
-                    let rank = first.rank as usize;
-                    heap.push(Reverse((self.bound(first.key, tier, penalty), cursors.len() as u32)));
-                    cursors.push(Cursor {
+                    if first.key > key_max {
+                        return;
+                    }
+                    waiting.push(Lane {
+                        bound: self.bound(first.key, tier, penalty),
                         set,
-                        order,
-                        rank,
-                        end,
-                        penalty,
+                        rank: first.rank,
+                        penalty: u32::try_from(penalty).unwrap_or(u32::MAX),
+                        opened: opened_index,
+                        group_end: 0,
                     });
                 });
+                let group_end = waiting.len() as u32;
+                let group = &mut waiting[group_start..];
+                group.iter_mut().for_each(|lane| lane.group_end = group_end);
+                cheapest_first(group);
+                if let Some(lane) = group.first() {
+                    heap.push(Reverse((lane.bound, LANE | group_start as u32)));
+                }
                 continue;
             }
+            if index & LANE != 0 {
+                // Start the lane: it becomes a cursor, searched now; the cheapest of its
+                // range's waiting lanes takes its place in the heap.
+                let position = (index & !LANE) as usize;
+                let lane = waiting[position];
+                let group_end = lane.group_end as usize;
+                if position + 1 < group_end {
+                    cheapest_first(&mut waiting[position + 1..group_end]);
+                    heap.push(Reverse((waiting[position + 1].bound, LANE | (position as u32 + 1))));
+                }
+                index = cursors.len() as u32;
+                cursors.push(lane);
+            }
             let cursor = &mut cursors[index as usize];
-            let order = cursor.order;
+            let range = &opened[cursor.opened as usize];
+            let order = range.order;
+            // The next member of the lane that may pass the static filters and the price cap.
+            let next_after = |rank: usize| {
+                cursor
+                    .set
+                    .next_masked(rank + 1, range.end, range.filters.0, range.filters.1)
+                    .filter(|next| order.entries[*next].key <= range.key_max)
+            };
             // Nodes over the price cap or under the reliability floor are passed over here,
             // without a trip through the heap.
-            let mut rank = cursor.rank;
+            let mut rank = cursor.rank as usize;
             let mut skipped = false;
             let passes = |entry: &crate::index::RankEntry| {
                 entry.reference_ask <= reference_ask_max && entry.reliability_ppm >= reliability_min
             };
             while !passes(&order.entries[rank]) {
                 skipped = true;
-                match cursor.set.next_at_or_after(rank + 1).filter(|next| *next < cursor.end) {
+                match next_after(rank) {
                     Some(next) => rank = next,
                     None => {
                         rank = usize::MAX;
@@ -331,21 +398,16 @@ impl Matcher {
             if rank == usize::MAX {
                 continue;
             }
+            let penalty = u64::from(cursor.penalty);
             if skipped {
-                cursor.rank = rank;
-                heap.push(Reverse((
-                    self.bound(order.entries[rank].key, tier, cursor.penalty),
-                    index,
-                )));
+                cursor.rank = rank as u32;
+                heap.push(Reverse((self.bound(order.entries[rank].key, tier, penalty), index)));
                 continue;
             }
             let node = order.entries[rank].node as usize;
-            if let Some(next) = cursor.set.next_at_or_after(rank + 1).filter(|next| *next < cursor.end) {
-                cursor.rank = next;
-                heap.push(Reverse((
-                    self.bound(order.entries[next].key, tier, cursor.penalty),
-                    index,
-                )));
+            if let Some(next) = next_after(rank) {
+                cursor.rank = next as u32;
+                heap.push(Reverse((self.bound(order.entries[next].key, tier, penalty), index)));
             }
             let Ok(fit) = self.fit_on(node, &self.loads[node], context) else {
                 continue;
@@ -366,15 +428,17 @@ impl Matcher {
         Ok(self.placement(context, &[(winner, 0)], runner_up.as_ref()))
     }
 
-    /// The node an exhaustive scan of every node would choose for a one-replica job: the
-    /// reference the indexed search is tested against.
+    /// The plan an exhaustive scan of every node makes for a one-replica job (winner,
+    /// runner-up and price): the reference the indexed search is tested against.
     #[doc(hidden)]
-    pub fn best_node_by_scan(&self, job: &JobSpec, now: Timestamp) -> Option<NodeId> {
+    pub fn plan_by_scan(&self, job: &JobSpec, now: Timestamp) -> Option<Placement> {
         let context = JobContext::new(job, now);
-        (0..self.nodes.len())
+        let mut fits: Vec<Fit> = (0..self.nodes.len())
             .filter_map(|node| self.fit_on(node, &self.loads[node], &context).ok())
-            .min_by_key(|fit| (fit.score, fit.node))
-            .map(|fit| NodeId(fit.node))
+            .collect();
+        fits.sort_unstable_by_key(|fit| (fit.score, fit.node));
+        let winner = *fits.first()?;
+        Some(self.placement(&context, &[(winner, 0)], fits.get(1)))
     }
 
     /// CPU-only work: a scan of the allowed ranges (rare; it may use nodes with no GPU free).

@@ -119,8 +119,11 @@ fn run(m: &mut Matcher, ops: &[Op]) -> Result<Vec<String>, TestCaseError> {
             } => {
                 let spec = arrival(id, tier, gpu, replicas, level, price_cents);
                 if spec.replicas == 1 {
-                    let indexed = m.plan(&spec, NOW).ok().map(|placement| placement.leases[0].node);
-                    prop_assert_eq!(indexed, m.best_node_by_scan(&spec, NOW), "the indexed search is exact");
+                    prop_assert_eq!(
+                        m.plan(&spec, NOW).ok(),
+                        m.plan_by_scan(&spec, NOW),
+                        "the indexed search is exact"
+                    );
                 }
                 match m.place(&spec, NOW) {
                     Ok(placement) => {
@@ -211,5 +214,65 @@ proptest! {
         let mut second = market(&nodes);
         let again = run(&mut second, &ops)?;
         prop_assert_eq!(trace, again);
+    }
+}
+
+/// Reliability floors the single-replica test draws from: under, on and between the steps of
+/// the matcher's static filters.
+const FLOORS_PPM: [u32; 6] = [0, 700_000, 800_000, 850_000, 900_000, 970_000];
+
+/// A fleet of several bitmap words, with asks on a fine grid (so each range's ask steps split
+/// it) and reliabilities across 0.6–1.0.
+fn wide_market(seed: &[(u8, u8, u8, u8)]) -> Matcher {
+    const MODELS: [&str; 3] = ["H100", "A100", "A10"];
+    const ASKS: [&str; 16] = [
+        "0.40", "0.55", "0.70", "0.85", "1.00", "1.10", "1.20", "1.35", "1.50", "1.70", "1.90", "2.10", "2.40", "2.70",
+        "3.00", "3.50",
+    ];
+    let specs = seed
+        .iter()
+        .enumerate()
+        .map(|(index, (model, gpus, ask, reliability))| {
+            node(
+                ["us", "eu", "ap"][index % 3],
+                MODELS[(*model % 3) as usize],
+                [1u8, 2, 4, 8][(*gpus % 4) as usize],
+                ASKS[(*ask % 16) as usize],
+                0.6 + 0.4 * f64::from(*reliability) / 256.0,
+            )
+            .fabric((index % 2) as u32)
+        })
+        .collect();
+    let (topology, nodes) = fleet(specs);
+    Matcher::new(topology, nodes, Default::default())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    /// One-replica jobs with price caps and reliability floors on fleets of 64–300 nodes, as
+    /// the fleet fills and empties: the indexed search (with its static filters and key
+    /// cut-offs) makes exactly the plan a scan of every node makes: winner, runner-up and price.
+    #[test]
+    fn single_replica_plans_match_a_full_scan(
+        nodes in prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()), 64..300),
+        arrivals in prop::collection::vec((0u8..3, 0u8..10, 30u16..500, 0usize..FLOORS_PPM.len(), any::<bool>()), 1..150),
+    ) {
+        let mut m = wide_market(&nodes);
+        let mut running: Vec<JobId> = Vec::new();
+        for (step, (tier, gpu, price_cents, floor, depart)) in arrivals.into_iter().enumerate() {
+            let mut spec = arrival(step as u64 + 1, tier, gpu, 1, 0, price_cents);
+            spec.reliability_min_ppm = FLOORS_PPM[floor];
+            let planned = m.plan(&spec, NOW).ok();
+            prop_assert_eq!(&planned, &m.plan_by_scan(&spec, NOW), "the indexed search is exact");
+            if planned.is_some() {
+                m.place(&spec, NOW).map_err(|error| TestCaseError::fail(error.to_string()))?;
+                running.push(spec.id);
+            }
+            if depart && running.len() > 1 {
+                m.release_job(running.remove(0), NOW);
+            }
+        }
+        m.consistency_check().map_err(TestCaseError::fail)?;
     }
 }
