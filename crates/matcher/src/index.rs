@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use model::GPUS_PER_NODE_MAX;
 
-use crate::rankset::RankSet;
+use crate::rankset::{RankSet, has_bit, set_bit};
 use crate::state::{NodeLoad, NodeStatic};
 
 pub(crate) const WHOLE_LEVELS: usize = GPUS_PER_NODE_MAX + 1;
@@ -117,7 +117,7 @@ impl Order {
             let mut bits = vec![0u64; words];
             for (rank, entry) in entries.iter().enumerate() {
                 if keep(entry) {
-                    bits[rank / 64] |= 1 << (rank % 64);
+                    set_bit(&mut bits, rank);
                 }
             }
             bits
@@ -217,7 +217,7 @@ impl Order {
             for rank in ranks {
                 for (step, bits) in self.ask_within.iter_mut().enumerate() {
                     if self.entries[rank].reference_ask <= range.ask_steps[step] {
-                        bits[rank / 64] |= 1 << (rank % 64);
+                        set_bit(bits, rank);
                     }
                 }
             }
@@ -227,7 +227,6 @@ impl Order {
     /// Checks the static filters and each range's ask steps against the rank entries (for
     /// `consistency_check`).
     pub fn check_filters<'a>(&self, ranges: impl Iterator<Item = &'a RangeInfo>) -> Result<(), String> {
-        let bit = |bits: &[u64], rank: usize| bits[rank / 64] >> (rank % 64) & 1 == 1;
         for range in ranges {
             let ranks = range.ranks.start as usize..range.ranks.end as usize;
             let highest = self.entries[ranks.clone()]
@@ -244,8 +243,12 @@ impl Order {
                 let entry = &self.entries[rank];
                 let reliable = RELIABILITY_STEPS_PPM.iter().map(|&step| entry.reliability_ppm >= step);
                 let within = range.ask_steps.iter().map(|&ask| entry.reference_ask <= ask);
-                let kept = self.reliable.iter().chain(&self.ask_within).map(|bits| bit(bits, rank));
-                if !reliable.chain(within).eq(kept) || !bit(&self.everyone, rank) {
+                let kept = self
+                    .reliable
+                    .iter()
+                    .chain(&self.ask_within)
+                    .map(|bits| has_bit(bits, rank));
+                if !reliable.chain(within).eq(kept) || !has_bit(&self.everyone, rank) {
                     return Err(format!(
                         "rank {rank}: the static filters disagree with its entry {entry:?}"
                     ));

@@ -2,6 +2,16 @@
 //! insert, remove and "first member at or after i" in a handful of word operations, so the
 //! matcher finds the cheapest node of a capacity level without scanning.
 
+/// Sets a rank's bit in a word array laid out like a set's bottom level (a static filter).
+pub(crate) fn set_bit(words: &mut [u64], rank: usize) {
+    words[rank / 64] |= 1 << (rank % 64);
+}
+
+/// Whether a rank's bit is set in a word array laid out like a set's bottom level.
+pub(crate) fn has_bit(words: &[u64], rank: usize) -> bool {
+    words[rank / 64] >> (rank % 64) & 1 == 1
+}
+
 #[derive(Clone, Debug)]
 pub struct RankSet {
     /// `levels[0]` holds one bit per rank; each higher level one bit per non-zero word below.
@@ -153,7 +163,7 @@ mod tests {
             }
             let first_mask: Vec<u64> = (0..79u64).map(|word| word.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
             let second_mask: Vec<u64> = (0..79u64).map(|word| !(word.wrapping_mul(0xc2b2_ae3d_27d4_eb4f) >> 3)).collect();
-            let masked = |rank: usize| (first_mask[rank / 64] & second_mask[rank / 64]) >> (rank % 64) & 1 == 1;
+            let masked = |rank: usize| has_bit(&first_mask, rank) && has_bit(&second_mask, rank);
             for probe in [0usize, 99, 100, 2500, 3999] {
                 prop_assert_eq!(
                     set.next_masked(probe, 4000, &first_mask, &second_mask),

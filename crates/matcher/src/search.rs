@@ -266,6 +266,8 @@ impl Matcher {
         struct Opened<'a> {
             order: &'a Order,
             end: usize,
+            /// One past the range's last lane in `waiting`.
+            waiting_end: u32,
             /// Keys above this are over the price cap.
             key_max: u64,
             /// Static filters, supersets of the ranks under the price cap and over the reliability floor.
@@ -279,8 +281,6 @@ impl Matcher {
             rank: u32,
             penalty: u32,
             opened: u32,
-            /// One past the last lane of the same range (for lanes not started yet).
-            group_end: u32,
         }
         // Heap entries with this bit set stand for a whole range whose lanes are not opened yet:
         // its bound is the range's lowest key, so ranges that cannot win are never searched.
@@ -327,6 +327,7 @@ impl Matcher {
                 opened.push(Opened {
                     order,
                     end: range.ranks.end as usize,
+                    waiting_end: 0,
                     key_max,
                     filters: (
                         order.ask_filter(range, reference_ask_max),
@@ -343,12 +344,10 @@ impl Matcher {
                         rank: first.rank,
                         penalty: u32::try_from(penalty).unwrap_or(u32::MAX),
                         opened: opened_index,
-                        group_end: 0,
                     });
                 });
-                let group_end = waiting.len() as u32;
+                opened[opened_index as usize].waiting_end = waiting.len() as u32;
                 let group = &mut waiting[group_start..];
-                group.iter_mut().for_each(|lane| lane.group_end = group_end);
                 cheapest_first(group);
                 if let Some(lane) = group.first() {
                     heap.push(Reverse((lane.bound, LANE | group_start as u32)));
@@ -360,7 +359,7 @@ impl Matcher {
                 // range's waiting lanes takes its place in the heap.
                 let position = (index & !LANE) as usize;
                 let lane = waiting[position];
-                let group_end = lane.group_end as usize;
+                let group_end = opened[lane.opened as usize].waiting_end as usize;
                 if position + 1 < group_end {
                     cheapest_first(&mut waiting[position + 1..group_end]);
                     heap.push(Reverse((waiting[position + 1].bound, LANE | (position as u32 + 1))));

@@ -220,9 +220,9 @@ impl Store {
     ///
     /// A passive checkpoint never starts the log over while reads keep coming, so under steady
     /// load the log would only grow (to gigabytes in `bench api`), and every page read searches
-    /// one more hash table of it. Past [`WAL_RESTART_FRAMES`] the log is copied back whole and
-    /// truncated: writers wait meanwhile for the readers of the moment to finish (at most the
-    /// busy timeout).
+    /// one more hash table of it. So past [`WAL_RESTART_FRAMES`] the log is copied back whole and
+    /// truncated; only then do writers wait, for the readers of the moment to finish (at most
+    /// the busy timeout).
     pub async fn checkpoint(&self) -> Result<()> {
         self.checkpoint_past(WAL_RESTART_FRAMES).await
     }
