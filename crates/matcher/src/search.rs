@@ -12,8 +12,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::index::{Order, RangeInfo, SHARE_BUCKETS, TIER_CLASSES, WHOLE_LEVELS};
-use crate::rankset::RankSet;
-use crate::state::{Matcher, NodeLoad, apply_usage};
+use crate::rankset::{RankSet, set_bit};
+use crate::state::{GangCandidate, GangScratch, Matcher, NodeLoad, apply_usage};
 use crate::{Placement, Unplaced};
 
 /// The most replicas one gang may have.
@@ -522,43 +522,67 @@ impl Matcher {
     fn plan_gang(&self, context: &JobContext) -> Result<Placement, Unplaced> {
         let job = context.job;
         let replicas = job.replicas;
-        // (domain, score, node, replicas the node can hold): small, so grouping moves little.
-        let mut candidates: Vec<(u64, u64, u32, u32)> = Vec::with_capacity(self.nodes.len() / 2);
+        let mut buffers = self
+            .gang_scratch
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let GangScratch {
+            marked,
+            candidates,
+            grouped,
+            offsets,
+            held,
+        } = &mut *buffers;
+        // The nodes to try, marked first and then visited in node order: memory order for the
+        // node tables (a walk in rank order jumps all over them, and a cold walk was most of a
+        // first gang plan's time), and a node in a share bucket and a whole level is tried once.
+        marked.clear();
+        marked.resize(self.nodes.len().div_ceil(64), 0);
         for (order, range) in self.ranges_for(context) {
             self.walk_levels(order, range, context, usize::MAX, |node| {
+                set_bit(marked, node);
+                true
+            });
+        }
+        candidates.clear();
+        for (word_index, &word) in marked.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let node = word_index * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
                 let load = &self.loads[node];
                 if let Ok(fit) = self.fit_on(node, load, context) {
                     let capacity = self.replica_capacity(node, load, context, replicas);
                     candidates.push((self.domain_of(node, job.topology), fit.score, node as u32, capacity));
                 }
-                true
-            });
-        }
-        if matches!(job.resources.gpu, GpuDemand::Share { .. }) {
-            // A node may sit in a share bucket and a whole level at once.
-            candidates.sort_unstable_by_key(|candidate| candidate.2);
-            candidates.dedup_by_key(|candidate| candidate.2);
+            }
         }
         // Group by domain with a counting sort (domain ids are dense), then cost each domain
         // that can hold the gang by its cheapest replicas: O(candidates) for whole-node replicas.
         let domains = self.domain_count(job.topology);
-        let mut offsets = vec![0usize; domains + 1];
-        let mut held = vec![0u64; domains];
-        for candidate in &candidates {
+        offsets.clear();
+        offsets.resize(domains + 1, 0);
+        held.clear();
+        held.resize(domains, 0);
+        for candidate in candidates.iter() {
             offsets[candidate.0 as usize + 1] += 1;
             held[candidate.0 as usize] += u64::from(candidate.3);
         }
         for domain in 0..domains {
             offsets[domain + 1] += offsets[domain];
         }
-        let mut grouped: Vec<(u64, u64, u32, u32)> = candidates.clone();
-        let mut cursor = offsets.clone();
-        for candidate in candidates {
+        // Each domain's candidates in order, `offsets[domain]` serving as its cursor (it ends at
+        // the domain's end, the next one's start), then shifted back to the starts.
+        grouped.clear();
+        grouped.resize(candidates.len(), (0, 0, 0, 0));
+        for candidate in candidates.iter() {
             let domain = candidate.0 as usize;
-            grouped[cursor[domain]] = candidate;
-            cursor[domain] += 1;
+            grouped[offsets[domain]] = *candidate;
+            offsets[domain] += 1;
         }
-        let order_key = |candidate: &(u64, u64, u32, u32)| (candidate.1, candidate.2);
+        offsets.copy_within(0..domains, 1);
+        offsets[0] = 0;
+        let order_key = |candidate: &GangCandidate| (candidate.1, candidate.2);
         let wanted = replicas as usize;
         let mut best: Option<(u128, u64)> = None; // (cost, domain)
         let mut best_held = 0u32;
