@@ -198,7 +198,6 @@ pub(crate) type GangCandidate = (u64, u64, u32, u32);
 /// built, then reused: a plan touches no fresh memory. Fresh pages cost a first plan
 /// milliseconds when the kernel backs them with huge pages (a p99 of 16–22 ms against 5 ms
 /// in `bench gang`).
-#[derive(Default)]
 pub(crate) struct GangScratch {
     /// One bit per node: the nodes a plan tries.
     pub marked: Vec<u64>,
