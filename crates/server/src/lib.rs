@@ -153,12 +153,23 @@ impl Running {
     }
 }
 
-/// Copies SQLite's log back into its file every `CHECKPOINT_EVERY` until `shutdown`.
-async fn checkpoints(store: Store, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+/// Copies SQLite's log back into its file every `CHECKPOINT_EVERY` until `shutdown`, and starts
+/// it over past `WAL_RESTART_FRAMES`, in the writers' turn: that checkpoint keeps writers out
+/// while it waits for readers, and a writer meeting it in SQLite's busy handler sleeps up to
+/// 100 ms a try, where one waiting for the turn starts as soon as it ends.
+async fn checkpoints(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     loop {
         tokio::select! {
             () = tokio::time::sleep(CHECKPOINT_EVERY) => {
-                if let Err(error) = store.checkpoint().await {
+                let result = match state.store.checkpoint().await {
+                    Ok(frames) if frames >= store::WAL_RESTART_FRAMES => {
+                        let _turn = state.writer_turn().await;
+                        state.store.truncate_log().await
+                    }
+                    Ok(_) => Ok(()),
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = result {
                     tracing::warn!(%error, "checkpoint failed; trying again later");
                 }
             }
@@ -198,7 +209,7 @@ pub async fn start(database_url: &str, config: Config) -> anyhow_like::Result<Ru
         }
     });
     let beats = tokio::spawn(beats::run(state.clone(), watch.clone()));
-    let checkpoints = tokio::spawn(checkpoints(state.store.clone(), watch.clone()));
+    let checkpoints = tokio::spawn(checkpoints(state.clone(), watch.clone()));
     let reconcile = tokio::spawn(reconcile::run(state.clone(), watch));
     Ok(Running {
         addr,

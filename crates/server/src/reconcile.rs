@@ -47,7 +47,7 @@ async fn build_view(state: &AppState) -> Result<FleetView, ApiError> {
 /// other replicas rebuild theirs when the fleet changed and it is older than a few seconds.
 pub async fn ensure_view(state: &AppState) -> Result<(), ApiError> {
     static BUILT: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
-    let leader = state.metrics.is_leader.load(std::sync::atomic::Ordering::Relaxed) == 1;
+    let leader = state.leads();
     let stale = {
         let view = state.view.lock().await;
         match view.as_ref() {
@@ -95,7 +95,10 @@ pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receive
                     tracing::info!("this replica now leads the reconcile loop");
                     // A new leader starts from the store, not from what it saw as a follower.
                     *state.view.lock().await = None;
-                    cursor = Cursor::default();
+                    cursor = Cursor {
+                        led_since: now_us(),
+                        ..Cursor::default()
+                    };
                     guard = Some(held);
                     state.metrics.is_leader.store(1, std::sync::atomic::Ordering::Relaxed);
                 }
@@ -149,6 +152,8 @@ pub struct Cursor {
     pub online_since: i64,
     /// When the last pass looked for silent nodes.
     pub silence_checked_at: i64,
+    /// When this replica began to lead: it finds no node silent for a heartbeat timeout after.
+    pub led_since: i64,
 }
 
 /// The longest gap between two looks for silent nodes (a scan of the nodes table); never more
@@ -196,8 +201,12 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
             cursor.online_since = cursor.online_since.max(at);
         }
     }
-    let check_every = (state.config.heartbeat_timeout_us() / 4).min(SILENCE_CHECK_EVERY_MAX_US);
-    if now - cursor.silence_checked_at >= check_every {
+    // A new leader finds no node silent before it has led for a whole timeout: until then, a
+    // node it has not heard from may have beaten to the replica that led before, whose rows of
+    // those beats lag (see `beats`). Kubernetes' node controller waits the same way.
+    let timeout = state.config.heartbeat_timeout_us();
+    let check_every = (timeout / 4).min(SILENCE_CHECK_EVERY_MAX_US);
+    if now - cursor.led_since >= timeout && now - cursor.silence_checked_at >= check_every {
         lose_silent_nodes(state, now).await?;
         cursor.silence_checked_at = now;
     }
@@ -240,6 +249,10 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
 async fn lose_silent_nodes(state: &AppState, now: i64) -> Result<(), ApiError> {
     let cutoff = now.saturating_sub(state.config.heartbeat_timeout_us());
     for node in state.store.silent_nodes(cutoff).await? {
+        // The row of a beat this replica took may lag (see `beats`); its memory does not.
+        if state.beats.heard_since(node, cutoff) {
+            continue;
+        }
         if !state.store.set_node_offline(node, now).await? {
             continue;
         }

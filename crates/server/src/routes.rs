@@ -618,7 +618,7 @@ pub async fn heartbeat(
         telemetry,
         request.fingerprint.as_deref(),
         datasets,
-        beats::persist_every_us(&state.config),
+        beats::persist(&state.config, state.leads()),
     );
     if noted.fingerprint_to_check
         && let Some(fingerprint) = &request.fingerprint

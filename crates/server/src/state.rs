@@ -288,12 +288,17 @@ impl AppState {
         Ok(identity)
     }
 
-    /// A token bucket per account (`node` false) or per node (`node` true).
     /// Waits for this replica's turn to write (on SQLite; at once on PostgreSQL).
     pub async fn writer_turn(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
         self.turns.take().await
     }
 
+    /// Whether this replica runs the reconcile loop now.
+    pub fn leads(&self) -> bool {
+        self.metrics.is_leader.load(Ordering::Relaxed) == 1
+    }
+
+    /// A token bucket per account (`node` false) or per node (`node` true).
     pub fn rate_limit(&self, node: bool, id: i64) -> Result<(), ApiError> {
         let (rate, burst) = if node {
             (NODE_RATE_PER_S, NODE_BURST)

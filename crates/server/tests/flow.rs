@@ -266,6 +266,68 @@ async fn a_silent_node_loses_its_lease_and_the_job_queues_again() {
     .await;
 }
 
+/// The leader rewrites the rows of beats it takes itself only every minute and finds nodes
+/// silent from its memory as well: a node that keeps beating keeps its lease through several
+/// timeouts while its row is older than one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_beating_to_the_leader_keeps_its_lease_while_its_row_lags() {
+    on_every_backend_with(
+        |config| config.heartbeat_timeout_ms = 1500,
+        async |h: &Harness| {
+            let tenant = h.tenant("acme").await;
+            let provider = h.provider("gpu-farm").await;
+            h.credit(&tenant, "100.00").await;
+            let steady = h.node(&provider, "steady", |_| {}).await;
+            let job = h.submit(&tenant, job_request("keeps-running")).await;
+            let job_id = micros(&job["id"]);
+            let (_, lease) = run_until_placed(h, &steady, &tenant, job_id).await;
+            let beating_until = std::time::Instant::now() + std::time::Duration::from_millis(4 * 1500);
+            while std::time::Instant::now() < beating_until {
+                assert_eq!(steady.heartbeat().await.len(), 1, "{}: the lease stays", h.backend);
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            let row = h
+                .running
+                .state
+                .store
+                .node(steady.node_id)
+                .await
+                .unwrap()
+                .expect("the node's row");
+            let stored = row.last_heartbeat_at.expect("a stored heartbeat");
+            let age_us = server::now_us() - stored;
+            assert!(
+                age_us > 1_500_000,
+                "{}: the row is older than a timeout ({age_us} µs)",
+                h.backend
+            );
+            let view = h
+                .get(&tenant.key, &format!("/v1/jobs/{job_id}"))
+                .await
+                .expect(200, "job");
+            assert_eq!(view["state"], "running", "{}: {view}", h.backend);
+            let kept = view["leases"]
+                .as_array()
+                .and_then(|leases| leases.iter().find(|listed| listed["id"] == lease["id"]))
+                .cloned()
+                .expect("the lease is listed");
+            assert_eq!(kept["state"], "pending", "{}: {view}", h.backend);
+            assert_eq!(h.metric("fallow_leases_lost_total").await, 0.0, "{}", h.backend);
+            let node = h
+                .get(&provider.key, &format!("/v1/nodes/{}", steady.node_id))
+                .await
+                .expect(200, "node");
+            assert_eq!(node["online"], true, "{}", h.backend);
+            assert!(
+                micros(&node["last_heartbeat_at_us"]) > stored,
+                "{}: the API shows the leader's newer beat: {node}",
+                h.backend
+            );
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_same_client_token_returns_the_same_job() {
     on_every_backend(async |h: &Harness| {

@@ -27,7 +27,7 @@ pub const SQLITE_BUSY_TIMEOUT_MS: u64 = 10_000;
 pub const SQLITE_MMAP_BYTES: u64 = 4 << 30;
 /// Each SQLite connection's page cache.
 pub const SQLITE_CACHE_KIB: u64 = 64 << 10;
-/// Write-ahead log frames (pages) past which `Store::checkpoint` starts the log over: 16,384
+/// Write-ahead log frames (pages) past which the log should start over: 16,384
 /// frames of 4 KiB pages is 64 MiB.
 pub const WAL_RESTART_FRAMES: i64 = 16_384;
 /// The rows of a multi-row `VALUES` list with numbered parameters: `rows` rows of one
@@ -215,30 +215,32 @@ impl Store {
         &self.pool
     }
 
-    /// Copies SQLite's write-ahead log back into the database file as far as no reader still
-    /// needs it, without blocking writers; nothing to do on PostgreSQL. Call it every second or so.
+    /// Copies SQLite's write-ahead log back into the database file as far as readers allow,
+    /// without waiting for anyone (a passive checkpoint), and returns how many frames the log
+    /// holds; past [`WAL_RESTART_FRAMES`] the caller should `truncate_log`. Nothing on
+    /// PostgreSQL. Call it every second or so.
     ///
     /// A passive checkpoint never starts the log over while reads keep coming, so under steady
     /// load the log would only grow (to gigabytes in `bench api`), and every page read searches
-    /// one more hash table of it. So past [`WAL_RESTART_FRAMES`] the log is copied back whole and
-    /// truncated; only then do writers wait, for the readers of the moment to finish (at most
-    /// the busy timeout).
-    pub async fn checkpoint(&self) -> Result<()> {
-        self.checkpoint_past(WAL_RESTART_FRAMES).await
+    /// one more hash table of it.
+    pub async fn checkpoint(&self) -> Result<i64> {
+        if self.backend != Backend::Sqlite {
+            return Ok(0);
+        }
+        let (_busy, log_frames, _copied): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(log_frames)
     }
 
-    /// [`Store::checkpoint`] with the log truncated past `restart_frames` frames.
-    pub async fn checkpoint_past(&self, restart_frames: i64) -> Result<()> {
+    /// Copies the whole log back and starts it over at zero bytes (SQLite). It waits for readers
+    /// of older snapshots and keeps writers out meanwhile, so the caller should hold the writers'
+    /// turn. Busy (readers outlasted the timeout) is not an error: the next call tries again.
+    pub async fn truncate_log(&self) -> Result<()> {
         if self.backend == Backend::Sqlite {
-            let (_busy, log_frames, _copied): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
-                .fetch_one(&self.pool)
+            sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+                .execute(&self.pool)
                 .await?;
-            if log_frames >= restart_frames {
-                // Busy (readers outlasted the timeout) is not an error: the next call tries again.
-                sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-                    .execute(&self.pool)
-                    .await?;
-            }
         }
         Ok(())
     }

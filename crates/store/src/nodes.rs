@@ -162,32 +162,53 @@ impl Store {
 
     /// Records a batch of heartbeats in one transaction (group commit). A node that was offline
     /// comes back online (`online_changed_at` moves); new datasets move `updated_at`.
+    ///
+    /// Each change is its own statement that assigns only what it changes: SQLite rewrites an
+    /// index whenever an `UPDATE` assigns one of its columns, changed or not, so one statement
+    /// assigning all of them (through `CASE`) cost 1.6–1.7× the time of these three (512 rows:
+    /// 33–36 ms against 20 ms). The first two touch only the rare rows that need them.
     pub async fn record_heartbeats(&self, beats: &[Heartbeat]) -> Result<()> {
         if beats.is_empty() {
             return Ok(());
         }
-        // One statement for the batch: per statement, sqlx's round trip to SQLite's worker
-        // thread cost more than the update itself.
+        // One statement per change for the batch: per statement, sqlx's round trip to SQLite's
+        // worker thread cost more than the update itself.
         let mut transaction = self.begin_write().await?;
         for chunk in beats.chunks(HEARTBEATS_PER_STATEMENT_MAX) {
             let query = format!(
-                "UPDATE nodes SET last_heartbeat_at = v.at, telemetry = v.telemetry, \
-                 datasets = COALESCE(v.datasets, nodes.datasets), \
-                 updated_at = CASE WHEN v.datasets IS NOT NULL AND v.datasets <> nodes.datasets \
-                 THEN v.at ELSE nodes.updated_at END, \
-                 online_changed_at = CASE WHEN nodes.online = 0 THEN v.at ELSE nodes.online_changed_at END, \
-                 online = 1 \
-                 FROM (SELECT column1 AS id, column2 AS at, column3 AS telemetry, column4 AS datasets \
-                 FROM (VALUES {}) AS raw) AS v WHERE nodes.id = v.id",
-                crate::values_rows(chunk.len(), &["BIGINT", "BIGINT", "TEXT", "TEXT"])
+                "UPDATE nodes SET online = 1, online_changed_at = v.at \
+                 FROM (SELECT column1 AS id, column2 AS at FROM (VALUES {}) AS raw) AS v \
+                 WHERE nodes.id = v.id AND nodes.online = 0",
+                crate::values_rows(chunk.len(), &["BIGINT", "BIGINT"])
             );
             let mut update = sqlx::query(sqlx::AssertSqlSafe(query));
             for beat in chunk {
-                update = update
-                    .bind(beat.node_id)
-                    .bind(beat.at)
-                    .bind(&beat.telemetry)
-                    .bind(beat.datasets.as_deref());
+                update = update.bind(beat.node_id).bind(beat.at);
+            }
+            update.execute(&mut *transaction).await?;
+            let with_datasets: Vec<&Heartbeat> = chunk.iter().filter(|beat| beat.datasets.is_some()).collect();
+            if !with_datasets.is_empty() {
+                let query = format!(
+                    "UPDATE nodes SET datasets = v.datasets, updated_at = v.at \
+                     FROM (SELECT column1 AS id, column2 AS at, column3 AS datasets FROM (VALUES {}) AS raw) AS v \
+                     WHERE nodes.id = v.id AND nodes.datasets <> v.datasets",
+                    crate::values_rows(with_datasets.len(), &["BIGINT", "BIGINT", "TEXT"])
+                );
+                let mut update = sqlx::query(sqlx::AssertSqlSafe(query));
+                for beat in with_datasets {
+                    update = update.bind(beat.node_id).bind(beat.at).bind(beat.datasets.as_deref());
+                }
+                update.execute(&mut *transaction).await?;
+            }
+            let query = format!(
+                "UPDATE nodes SET last_heartbeat_at = v.at, telemetry = v.telemetry \
+                 FROM (SELECT column1 AS id, column2 AS at, column3 AS telemetry FROM (VALUES {}) AS raw) AS v \
+                 WHERE nodes.id = v.id",
+                crate::values_rows(chunk.len(), &["BIGINT", "BIGINT", "TEXT"])
+            );
+            let mut update = sqlx::query(sqlx::AssertSqlSafe(query));
+            for beat in chunk {
+                update = update.bind(beat.node_id).bind(beat.at).bind(&beat.telemetry);
             }
             update.execute(&mut *transaction).await?;
         }

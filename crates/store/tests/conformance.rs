@@ -226,6 +226,31 @@ async fn nodes_heartbeats_and_nonces() {
         );
         assert!(!store.set_node_offline(second.id, 301).await.unwrap());
         assert!(store.silent_nodes(150).await.unwrap().is_empty());
+        store
+            .record_heartbeats(&[Heartbeat {
+                node_id: second.id,
+                at: 350,
+                telemetry: "{\"t\":2}".to_string(),
+                datasets: Some("[1]".to_string()),
+            }])
+            .await
+            .unwrap();
+        let back = store.node(second.id).await.unwrap().unwrap();
+        assert!(back.online, "{backend}: a heartbeat brings an offline node back");
+        assert_eq!(
+            (back.last_heartbeat_at, back.telemetry.as_deref()),
+            (Some(350), Some("{\"t\":2}"))
+        );
+        assert_eq!(
+            store.online_changes_since(350).await.unwrap(),
+            vec![(second.id, true, 350)],
+            "{backend}: coming back is a change"
+        );
+        assert_eq!(
+            store.nodes_version().await.unwrap().0,
+            100,
+            "{backend}: the same datasets again do not move the version"
+        );
         assert!(store.set_node_policy(first.id, "{\"x\":1}", 400).await.unwrap());
         assert!(!store.set_node_policy(9999, "{}", 400).await.unwrap());
         assert!(store.set_node_fingerprint(first.id, "fp2", 401).await.unwrap());
@@ -543,7 +568,7 @@ async fn a_deposed_leader_cannot_place() {
 /// leaves the log in place; past it the log is copied back whole and truncated, and the data
 /// is all still there.
 #[tokio::test]
-async fn sqlite_log_is_truncated_past_the_threshold() {
+async fn sqlite_log_is_counted_and_truncated() {
     let path = std::env::temp_dir().join(format!("{}.db", unique("fallow_wal")));
     let store = Store::open(&format!("sqlite://{}", path.display())).await.unwrap();
     let log = path.with_extension("db-wal");
@@ -555,10 +580,11 @@ async fn sqlite_log_is_truncated_past_the_threshold() {
             .unwrap();
     }
     assert!(log_len() > 0, "writes go to the log first");
-    store.checkpoint_past(i64::MAX).await.unwrap();
+    let frames = store.checkpoint().await.unwrap();
+    assert!(frames > 0, "the log's frames are counted ({frames})");
     assert!(log_len() > 0, "a passive checkpoint leaves the log in place");
-    store.checkpoint_past(1).await.unwrap();
-    assert_eq!(log_len(), 0, "past the threshold the log is truncated");
+    store.truncate_log().await.unwrap();
+    assert_eq!(log_len(), 0, "the log is truncated");
     store.create_account(Role::Tenant, "after", 1).await.unwrap();
     let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM accounts")
         .fetch_one(store.pool())
