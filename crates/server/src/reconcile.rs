@@ -19,6 +19,8 @@ use crate::view::FleetView;
 
 /// Placements written per transaction.
 pub const PLACEMENTS_PER_COMMIT_MAX: usize = 64;
+/// The shortest time between a pass and the next one a submission wakes.
+pub const PASS_GAP_MIN: Duration = Duration::from_millis(50);
 /// A replica that does not lead rebuilds its read-only view (quotes, offers) at most this often.
 pub const FOLLOWER_VIEW_MAX_AGE: Duration = Duration::from_secs(5);
 
@@ -132,7 +134,14 @@ pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receive
             Duration::from_secs(1)
         };
         tokio::select! {
-            _ = state.wake.notified() => {}
+            _ = state.wake.notified() => {
+                // Submissions wake the loop one by one; a short gap lets a pass take them by the
+                // dozen, each pass's reads and commit shared among them.
+                tokio::select! {
+                    _ = tokio::time::sleep(PASS_GAP_MIN) => {}
+                    _ = shutdown.changed() => {}
+                }
+            }
             _ = tokio::time::sleep(wait) => {}
             _ = shutdown.changed() => {}
         }
@@ -201,6 +210,11 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
             cursor.online_since = cursor.online_since.max(at);
         }
     }
+    // Whatever was stamped before `now` is read by now, or committed within the overlap.
+    // (Kept at the newest change alone, the cursor stood still while nothing changed, and every
+    // pass re-read the last burst: 43,000 rows and half a second a pass after 125,000 nodes
+    // came on line.)
+    cursor.online_since = cursor.online_since.max(now);
     // A new leader finds no node silent before it has led for a whole timeout: until then, a
     // node it has not heard from may have beaten to the replica that led before, whose rows of
     // those beats lag (see `beats`). Kubernetes' node controller waits the same way.
@@ -223,6 +237,7 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
             cursor.ended_since = cursor.ended_since.max(*at);
         }
     }
+    cursor.ended_since = cursor.ended_since.max(now);
     // Preemptions whose grace has run out: the victim's lease ends and its job queues again.
     for lease in state.store.leases_due(now).await? {
         if let Some(ended) = state
@@ -577,14 +592,13 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
             }
         }
     }
-    for (job, reason) in reason_updates {
-        if reasons.get(&job) != Some(&reason) {
-            state
-                .store
-                .set_job_state(job, &[JobState::Queued], JobState::Queued, &reason, now)
-                .await?;
-            reasons.insert(job, reason);
+    reason_updates.retain(|(job, reason)| reasons.get(job) != Some(reason));
+    if !reason_updates.is_empty() {
+        {
+            let _turn = state.writer_turn().await;
+            state.store.set_queued_reasons(&reason_updates, now).await?;
         }
+        reasons.extend(reason_updates);
     }
     Ok(())
 }

@@ -20,6 +20,11 @@ use crate::view::FleetView;
 /// How long a verified API key is trusted without asking the store again. A key revoked on
 /// another replica stops working within this time; on this replica, at once.
 pub const API_KEY_CACHE_TTL: Duration = Duration::from_secs(2);
+/// How long a tenant found with money may submit without its balance being read again. The
+/// check at submission only turns away tenants with nothing; the escrow hold at placement is
+/// what guards the money, so a job accepted on a balance spent meanwhile waits in the queue
+/// ("the tenant's balance is $0"), as any queued job does when the money runs out.
+pub const FUNDED_CACHE_TTL: Duration = Duration::from_secs(1);
 /// Requests per second per account (tenants, providers, admins), with this burst.
 pub const ACCOUNT_RATE_PER_S: u32 = 2_000;
 pub const ACCOUNT_BURST: u32 = 4_000;
@@ -123,6 +128,8 @@ pub struct AppState {
     pub store: Store,
     pub config: Config,
     keys: Mutex<HashMap<String, (Caller, String, Instant)>>,
+    /// Tenants found with a positive balance, and when.
+    funded: Mutex<HashMap<i64, Instant>>,
     nodes: Mutex<HashMap<i64, NodeIdentity>>,
     pub nonce_cache: Mutex<NonceCache>,
     pub nonces: Batcher<(i64, String, i64), bool>,
@@ -202,6 +209,7 @@ impl AppState {
             )),
             config,
             keys: Mutex::new(HashMap::new()),
+            funded: Mutex::new(HashMap::new()),
             nodes: Mutex::new(HashMap::new()),
             nonces,
             beats: Beats::default(),
@@ -260,6 +268,17 @@ impl AppState {
         }
         self.rate_limit(false, caller.account_id)?;
         Ok(caller)
+    }
+
+    /// Whether `tenant` had money less than `FUNDED_CACHE_TTL` ago.
+    pub fn recently_funded(&self, tenant: i64) -> bool {
+        let funded = self.funded.lock().expect("funded lock");
+        funded.get(&tenant).is_some_and(|at| at.elapsed() < FUNDED_CACHE_TTL)
+    }
+
+    /// Remembers that `tenant` has money now.
+    pub fn note_funded(&self, tenant: i64) {
+        self.funded.lock().expect("funded lock").insert(tenant, Instant::now());
     }
 
     pub fn forget_key(&self, key_id: &str) {

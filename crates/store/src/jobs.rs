@@ -197,6 +197,24 @@ impl Store {
         Ok(query.execute(&self.pool).await?.rows_affected() == 1)
     }
 
+    /// Sets why queued jobs still wait, in one transaction; a job no longer queued is left alone.
+    pub async fn set_queued_reasons(&self, reasons: &[(i64, String)], now: i64) -> Result<()> {
+        if reasons.is_empty() {
+            return Ok(());
+        }
+        let mut transaction = self.begin_write().await?;
+        for (id, reason) in reasons {
+            sqlx::query("UPDATE jobs SET state_reason = $1, updated_at = $2 WHERE id = $3 AND state = 'queued'")
+                .bind(reason)
+                .bind(now)
+                .bind(id)
+                .execute(&mut *transaction)
+                .await?;
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
     /// Commits a placement: the job goes from queued to running and its leases are inserted
     /// with epoch 1, in one transaction. `Ok(None)` when the job was no longer queued (it was
     /// cancelled meanwhile): nothing is written.

@@ -316,6 +316,30 @@ async fn jobs_leases_and_fencing() {
             "{backend}: a job is placed once"
         );
         assert_eq!(store.job(jobs[0].id).await.unwrap().unwrap().state, JobState::Running);
+        store
+            .set_queued_reasons(
+                &[
+                    (jobs[0].id, "waiting: late".to_string()),
+                    (jobs[1].id, "waiting: no H100 under $1.00".to_string()),
+                ],
+                52,
+            )
+            .await
+            .unwrap();
+        let (running, queued) = (
+            store.job(jobs[0].id).await.unwrap().unwrap(),
+            store.job(jobs[1].id).await.unwrap().unwrap(),
+        );
+        assert_eq!(
+            (running.state, running.state_reason.as_str()),
+            (JobState::Running, ""),
+            "{backend}: a job no longer queued keeps its state and reason"
+        );
+        assert_eq!(
+            (queued.state, queued.state_reason.as_str()),
+            (JobState::Queued, "waiting: no H100 under $1.00"),
+            "{backend}"
+        );
         assert_eq!(store.live_leases().await.unwrap().len(), 2);
         assert_eq!(store.live_leases_of_node(host.id).await.unwrap().len(), 2);
         assert_eq!(store.live_lease_totals().await.unwrap(), (2, 4000));
