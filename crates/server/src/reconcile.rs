@@ -418,6 +418,7 @@ async fn repair_gang(state: &AppState, job_id: i64, lost: &[model::Lease], now: 
 }
 
 struct Pending {
+    submitted_at: i64,
     matcher_job: model::JobId,
     matcher_leases: Vec<model::LeaseId>,
 }
@@ -542,6 +543,7 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
                 hold: Some(crate::money::row(&hold)),
             });
             pending.push(Pending {
+                submitted_at: job.submitted_at,
                 matcher_job: spec.id,
                 matcher_leases: committed.iter().map(|lease| lease.id).collect(),
             });
@@ -570,6 +572,7 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
                     match outcome {
                         Some(records) => {
                             Metrics::add(&state.metrics.placements, 1);
+                            state.metrics.lease_grant.observe_us(now - pending.submitted_at);
                             Metrics::add(&state.metrics.leases_granted, records.len() as u64);
                             for (record, id) in records.iter().zip(&pending.matcher_leases) {
                                 record_lease(state, view, record, *id);

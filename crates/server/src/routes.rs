@@ -772,6 +772,9 @@ pub async fn lease_event(
             event.epoch, lease.epoch, lease.state
         )));
     }
+    if lease.state == LeaseState::Pending {
+        state.metrics.lease_pickup.observe_us(now - lease.created_at);
+    }
     let detail = match event.exit_code {
         Some(code) => format!("exit code {code}; {reported}"),
         None => reported,

@@ -116,6 +116,8 @@ pub struct Metrics {
     pub reconcile_passes: AtomicU64,
     pub rebuilds: AtomicU64,
     pub is_leader: AtomicU64,
+    pub lease_grant: crate::metrics::Histogram,
+    pub lease_pickup: crate::metrics::Histogram,
 }
 
 impl Metrics {

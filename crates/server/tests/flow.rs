@@ -94,6 +94,20 @@ async fn a_job_runs_from_submission_to_settlement() {
             let reported = agent.event(&lease, state).await.expect(200, state);
             assert_eq!(reported["state"], state, "{}", h.backend);
         }
+        assert_eq!(h.metric("fallow_lease_grant_seconds_count").await, 1.0, "{}", h.backend);
+        assert_eq!(
+            h.metric("fallow_lease_pickup_seconds_count").await,
+            1.0,
+            "{}: the first report on a lease is its pickup, the second is not",
+            h.backend
+        );
+        assert_eq!(
+            h.metric("fallow_lease_pickup_seconds_bucket{le=\"+Inf\"}").await,
+            1.0,
+            "{}",
+            h.backend
+        );
+        assert!(h.metric("fallow_lease_pickup_seconds_sum").await > 0.0, "{}", h.backend);
 
         let first = agent
             .signed("POST", "/v1/agent/usage", Some(&agent.usage(&lease, 1, 1000)))
@@ -321,6 +335,153 @@ async fn a_node_beating_to_the_leader_keeps_its_lease_while_its_row_lags() {
             assert!(
                 micros(&node["last_heartbeat_at_us"]) > stored,
                 "{}: the API shows the leader's newer beat: {node}",
+                h.backend
+            );
+        },
+    )
+    .await;
+}
+
+/// The lease of `job` on `node`, from the tenant's view of the job.
+fn lease_on(view: &Value, node_id: i64) -> Option<Value> {
+    view["leases"]
+        .as_array()?
+        .iter()
+        .find(|lease| lease["node_id"] == node_id)
+        .cloned()
+}
+
+/// Gold work needs a node that bronze work fills: the bronze lease is told when it must stop
+/// (now plus the grace period), and when that time comes the coordinator ends it as preempted
+/// and queues its job again, while the gold job holds the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gold_preempts_bronze_after_the_grace_period() {
+    on_every_backend_with(
+        |config| config.matcher.preemption_grace_s = 2,
+        async |h: &Harness| {
+            let tenant = h.tenant("acme").await;
+            let provider = h.provider("gpu-farm").await;
+            h.credit(&tenant, "100.00").await;
+            let agent = h.node(&provider, "busy", |_| {}).await;
+            let mut bronze = job_request("bronze-sweep");
+            bronze["gpus"] = json!(8);
+            bronze["tier"] = json!("bronze");
+            bronze["preemptible"] = json!(true);
+            let bronze_id = micros(&h.submit(&tenant, bronze).await["id"]);
+            let (_, victim) = run_until_placed(h, &agent, &tenant, bronze_id).await;
+            assert_eq!(
+                victim["preempt_at_us"],
+                Value::Null,
+                "{}: nothing preempts it yet",
+                h.backend
+            );
+            agent.event(&victim, "running").await.expect(200, "bronze runs");
+
+            let mut gold = job_request("gold-train");
+            gold["gpus"] = json!(8);
+            gold["tier"] = json!("gold");
+            gold["max_price_per_gpu_hour"] = json!("5.00");
+            let submitted = server::now_us();
+            let gold_id = micros(&h.submit(&tenant, gold).await["id"]);
+            let told = h
+                .wait_for("the bronze lease to be told when to stop", async || {
+                    agent.heartbeat().await;
+                    let view = h
+                        .get(&tenant.key, &format!("/v1/jobs/{bronze_id}"))
+                        .await
+                        .expect(200, "bronze");
+                    let lease = lease_on(&view, agent.node_id)?;
+                    lease["preempt_at_us"].as_i64()
+                })
+                .await;
+            assert!(
+                told >= submitted + 2_000_000 && told <= server::now_us() + 2_000_000,
+                "{}: the stop comes one grace period after the decision ({} µs after the submission)",
+                h.backend,
+                told - submitted
+            );
+            let stopped = h.wait_for_job(&tenant.key, bronze_id, "queued").await;
+            let ended = stopped["leases"]
+                .as_array()
+                .and_then(|leases| leases.iter().find(|lease| lease["id"] == victim["id"]))
+                .cloned()
+                .expect("the bronze lease is listed");
+            assert_eq!(ended["state"], "preempted", "{}: {stopped}", h.backend);
+            assert!(
+                micros(&ended["ended_at_us"]) >= told,
+                "{}: not ended before its grace ran out: {ended}",
+                h.backend
+            );
+            assert!(h.metric("fallow_leases_preempted_total").await >= 1.0, "{}", h.backend);
+            let gold_view = h.wait_for_job(&tenant.key, gold_id, "running").await;
+            assert!(
+                lease_on(&gold_view, agent.node_id).is_some(),
+                "{}: gold holds the node: {gold_view}",
+                h.backend
+            );
+            agent
+                .event(&victim, "running")
+                .await
+                .refused(409, "a report on the preempted lease");
+        },
+    )
+    .await;
+}
+
+/// A node sold until a window's end takes interruptible work that would outlast it: the lease
+/// is told to stop one grace period before the end, and the coordinator ends it then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_interruptible_lease_stops_a_grace_period_before_the_window_ends() {
+    on_every_backend_with(
+        |config| config.matcher.preemption_grace_s = 1,
+        async |h: &Harness| {
+            let tenant = h.tenant("acme").await;
+            let provider = h.provider("night-lab").await;
+            h.credit(&tenant, "100.00").await;
+            // The window's end is a whole second at least four seconds away.
+            let window_end_s = server::now_us() / 1_000_000 + 5;
+            let agent = h
+                .node(&provider, "lab-1", |registration| {
+                    registration["policy"]["windows"] = json!([{
+                        "start_us": (window_end_s - 3600) * 1_000_000,
+                        "end_us": window_end_s * 1_000_000,
+                    }]);
+                })
+                .await;
+            let mut silver = job_request("needs-an-hour");
+            silver["max_runtime_s"] = json!(3600);
+            let silver_id = micros(&h.submit(&tenant, silver).await["id"]);
+            let mut bronze = job_request("fills-the-night");
+            bronze["tier"] = json!("bronze");
+            bronze["preemptible"] = json!(true);
+            bronze["max_runtime_s"] = json!(3600);
+            let bronze_id = micros(&h.submit(&tenant, bronze).await["id"]);
+            let (_, lease) = run_until_placed(h, &agent, &tenant, bronze_id).await;
+            assert_eq!(
+                micros(&lease["preempt_at_us"]),
+                (window_end_s - 1) * 1_000_000,
+                "{}: stop one grace period before the window ends",
+                h.backend
+            );
+            let waiting = h
+                .get(&tenant.key, &format!("/v1/jobs/{silver_id}"))
+                .await
+                .expect(200, "silver");
+            assert_eq!(
+                waiting["state"], "queued",
+                "{}: silver only goes where the window covers its runtime: {waiting}",
+                h.backend
+            );
+            let stopped = h.wait_for_job(&tenant.key, bronze_id, "queued").await;
+            let ended = stopped["leases"]
+                .as_array()
+                .and_then(|leases| leases.iter().find(|listed| listed["id"] == lease["id"]))
+                .cloned()
+                .expect("the lease is listed");
+            assert_eq!(ended["state"], "preempted", "{}: {stopped}", h.backend);
+            assert!(
+                micros(&ended["ended_at_us"]) >= (window_end_s - 1) * 1_000_000,
+                "{}: {ended}",
                 h.backend
             );
         },
