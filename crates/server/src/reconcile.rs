@@ -239,23 +239,36 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
     }
     cursor.ended_since = cursor.ended_since.max(now);
     // Preemptions whose grace has run out: the victim's lease ends and its job queues again.
-    for lease in state.store.leases_due(now).await? {
-        if let Some(ended) = state
-            .store
-            .end_lease(
-                lease.id,
-                LeaseState::Preempted,
-                "preempted for gold or silver work",
-                now,
+    // A lease a grace period past its job's maximum runtime, which its agent should have
+    // stopped, fails, and so does its job.
+    let grace_us = i64::from(state.config.matcher.preemption_grace_s) * 1_000_000;
+    for lease in state.store.leases_due(now, now - grace_us).await? {
+        let preempted = lease.lease.preempt_at.is_some_and(|at| at <= now);
+        let (to, reason) = if preempted {
+            (LeaseState::Preempted, "preempted for gold or silver work")
+        } else {
+            (
+                LeaseState::Failed,
+                "ran past the job's max_runtime_s; stopped by the coordinator",
             )
-            .await?
-        {
-            state.view.lock().await.as_mut().expect("built above").release(ended.id);
+        };
+        let Some(ended) = state.store.end_lease(lease.id, to, reason, now).await? else {
+            continue;
+        };
+        state.view.lock().await.as_mut().expect("built above").release(ended.id);
+        if preempted {
             Metrics::add(&state.metrics.leases_preempted, 1);
             state
                 .store
                 .requeue_job(ended.job_id, "preempted; queued again", now)
                 .await?;
+        } else {
+            tracing::warn!(
+                lease = ended.id,
+                job = ended.job_id,
+                "a lease ran past its maximum runtime"
+            );
+            crate::routes::settle_job(state, ended.job_id).await?;
         }
     }
     place_queued(state, now, reasons).await

@@ -489,6 +489,42 @@ async fn an_interruptible_lease_stops_a_grace_period_before_the_window_ends() {
     .await;
 }
 
+/// A lease whose agent never stops it is ended by the coordinator a grace period after the
+/// job's maximum runtime: the lease and the job fail, and the escrow goes back to the tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_past_its_maximum_runtime_is_ended_and_its_job_fails() {
+    on_every_backend_with(
+        |config| config.matcher.preemption_grace_s = 1,
+        async |h: &Harness| {
+            let tenant = h.tenant("acme").await;
+            let provider = h.provider("gpu-farm").await;
+            h.credit(&tenant, "100.00").await;
+            let agent = h.node(&provider, "forgetful", |_| {}).await;
+            let mut job = job_request("never-stops");
+            job["max_runtime_s"] = json!(1);
+            let job_id = micros(&h.submit(&tenant, job).await["id"]);
+            let (_, lease) = run_until_placed(h, &agent, &tenant, job_id).await;
+            agent.event(&lease, "running").await.expect(200, "the job runs");
+            let failed = h.wait_for_job(&tenant.key, job_id, "failed").await;
+            let ended = lease_on(&failed, agent.node_id).expect("the lease is listed");
+            assert_eq!(ended["state"], "failed", "{}: {failed}", h.backend);
+            assert!(
+                ended["end_reason"].as_str().unwrap_or("").contains("max_runtime_s"),
+                "{}: the reason says why: {ended}",
+                h.backend
+            );
+            assert!(
+                micros(&ended["ended_at_us"]) >= micros(&lease["expected_end_us"]) + 1_000_000,
+                "{}: not before the grace period after the expected end: {ended}",
+                h.backend
+            );
+            assert_eq!(micros(&failed["escrow_micros"]), 0, "{}: {failed}", h.backend);
+            assert!(agent.heartbeat().await.is_empty(), "{}: nothing left to run", h.backend);
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_same_client_token_returns_the_same_job() {
     on_every_backend(async |h: &Harness| {

@@ -521,14 +521,16 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Live leases whose preemption time has come.
-    pub async fn leases_due(&self, now: i64) -> Result<Vec<LeaseRecord>> {
+    /// Live leases due to end: those whose preemption time has come (`preempt_at <= now`), and
+    /// those still live at `overdue_before` after their expected end (the job's maximum runtime).
+    pub async fn leases_due(&self, now: i64, overdue_before: i64) -> Result<Vec<LeaseRecord>> {
         let query = format!(
-            "SELECT {LEASE_COLUMNS} FROM leases WHERE preempt_at IS NOT NULL AND preempt_at <= $1 \
-             AND state IN ('pending', 'staging', 'running') ORDER BY id"
+            "SELECT {LEASE_COLUMNS} FROM leases WHERE state IN ('pending', 'staging', 'running') \
+             AND ((preempt_at IS NOT NULL AND preempt_at <= $1) OR expected_end <= $2) ORDER BY id"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(query))
             .bind(now)
+            .bind(overdue_before)
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(lease_from).collect()
