@@ -497,6 +497,36 @@ pub struct StatementView {
     pub lines: Vec<LedgerLine>,
 }
 
+/// A tenant's invoice for one calendar month (UTC): the usage charged per job, and the month's
+/// credits, refunds and payments. Built from the ledger, so it agrees with the statement.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct InvoiceView {
+    pub account_id: i64,
+    /// The month, `YYYY-MM`.
+    pub period: String,
+    /// The month's first microsecond, and the next month's.
+    pub from_us: i64,
+    pub to_us: i64,
+    /// One line per job with usage charged in the month, by job id.
+    pub lines: Vec<InvoiceLine>,
+    pub usage_micros: i64,
+    pub sla_credits_micros: i64,
+    pub refunds_micros: i64,
+    /// Usage less SLA credits and refunds.
+    pub total_micros: i64,
+    /// Money paid in during the month (credits by an admin).
+    pub payments_micros: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct InvoiceLine {
+    pub job_id: i64,
+    pub job_name: String,
+    /// Usage records charged in the month.
+    pub usage_records: i64,
+    pub charged_micros: i64,
+}
+
 /// Per node: what its provider sees.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
 pub struct EarningsView {

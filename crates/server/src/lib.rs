@@ -45,6 +45,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/offers", get(routes::search_offers))
         .route("/v1/balance", get(routes::balance))
         .route("/v1/statement", get(routes::statement))
+        .route("/v1/invoices", get(routes::invoice))
         .route("/v1/nodes", post(routes::register_node).get(routes::list_nodes))
         .route("/v1/nodes/{id}", get(routes::show_node))
         .route("/v1/nodes/{id}/policy", put(routes::set_policy))

@@ -187,8 +187,77 @@ async fn a_job_runs_from_submission_to_settlement() {
         let earnings = h.get(&provider.key, "/v1/earnings").await.expect(200, "earnings");
         assert_eq!(earnings["earnings_micros"], billed - fees, "{}", h.backend);
         assert_eq!(earnings["nodes"][0]["earned_micros"], billed, "{}", h.backend);
+
+        let month = month_of(server::now_us());
+        let invoice = h
+            .get(&tenant.key, &format!("/v1/invoices?period={month}"))
+            .await
+            .expect(200, "the month's invoice");
+        assert_eq!(
+            invoice["lines"],
+            json!([{"job_id": job_id, "job_name": "train", "usage_records": 2, "charged_micros": billed}]),
+            "{}: one line for the job, both records: {invoice}",
+            h.backend
+        );
+        assert_eq!(
+            (micros(&invoice["usage_micros"]), micros(&invoice["total_micros"])),
+            (billed, billed),
+            "{}",
+            h.backend
+        );
+        assert_eq!(micros(&invoice["payments_micros"]), CREDIT_MICROS, "{}", h.backend);
+        assert_eq!(micros(&invoice["sla_credits_micros"]), 0, "{}", h.backend);
+        let before = month_of(micros(&invoice["from_us"]) - 1);
+        let earlier = h
+            .get(&tenant.key, &format!("/v1/invoices?period={before}"))
+            .await
+            .expect(200, "last month's invoice");
+        assert_eq!(earlier["lines"], json!([]), "{}: {earlier}", h.backend);
+        assert_eq!(earlier["to_us"], invoice["from_us"], "{}", h.backend);
+        assert_eq!(micros(&earlier["total_micros"]), 0, "{}", h.backend);
+        h.get(&provider.key, &format!("/v1/invoices?period={month}"))
+            .await
+            .refused(403, "a provider has no invoice");
+        let stranger = h.tenant("globex").await;
+        h.get(
+            &stranger.key,
+            &format!("/v1/invoices?period={month}&account_id={}", tenant.id),
+        )
+        .await
+        .refused(404, "another tenant's invoice");
+        let as_admin = h
+            .get(
+                &h.admin,
+                &format!("/v1/invoices?period={month}&account_id={}", tenant.id),
+            )
+            .await
+            .expect(200, "an admin reads any tenant's invoice");
+        assert_eq!(as_admin, invoice, "{}", h.backend);
+        for bad in ["2026-13", "26-01", "2026-1", "2026-01-01", "next"] {
+            h.get(&tenant.key, &format!("/v1/invoices?period={bad}"))
+                .await
+                .refused(400, bad);
+        }
     })
     .await;
+}
+
+/// The `YYYY-MM` month (UTC) of a time in microseconds since 1970.
+fn month_of(at_us: i64) -> String {
+    // Howard Hinnant's civil_from_days.
+    let days = at_us.div_euclid(86_400_000_000) + 719_468;
+    let era = days.div_euclid(146_097);
+    let day_of_era = days - era * 146_097;
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -100,6 +100,42 @@ impl Store {
             .collect()
     }
 
+    /// A tenant's entries at or after `from` and before `to`, oldest first: those on its
+    /// `available` account and on the escrow accounts of its jobs (`escrow_prefix` and the job
+    /// id), as (transaction key, kind, account, amount, at).
+    pub async fn tenant_entries_between(
+        &self,
+        tenant: i64,
+        available: &str,
+        escrow_prefix: &str,
+        (from, to): (i64, i64),
+    ) -> Result<Vec<(String, String, String, i64, i64)>> {
+        let rows = sqlx::query(
+            "SELECT e.tx_key, t.kind, e.account, e.amount, e.at FROM ledger_entries e \
+             JOIN ledger_transactions t ON t.key = e.tx_key \
+             WHERE e.at >= $1 AND e.at < $2 AND (e.account = $3 OR e.account IN \
+             (SELECT $4 || CAST(id AS TEXT) FROM jobs WHERE tenant_id = $5)) ORDER BY e.id",
+        )
+        .bind(from)
+        .bind(to)
+        .bind(available)
+        .bind(escrow_prefix)
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get("tx_key")?,
+                    row.try_get("kind")?,
+                    row.try_get("account")?,
+                    row.try_get("amount")?,
+                    row.try_get("at")?,
+                ))
+            })
+            .collect()
+    }
+
     /// Sum of an account's entries of one transaction kind since `since` (e.g. earnings per day).
     pub async fn ledger_sum(&self, account: &str, kind: &str, since: i64) -> Result<i64> {
         let row = sqlx::query(
