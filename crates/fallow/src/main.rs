@@ -1,5 +1,6 @@
 //! The `fallow` binary: one executable with subcommands, the way Nomad and Vault ship.
 
+mod cmd_agent;
 mod cmd_bench;
 mod cmd_bench_api;
 mod cmd_server;
@@ -23,6 +24,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The provider agent: registers the node, runs leased jobs, reports signed usage.
+    Agent(cmd_agent::AgentArgs),
     /// Benchmarks of the matching engine (JSON on stdout).
     #[command(subcommand)]
     Bench(cmd_bench::BenchCommand),
@@ -36,6 +39,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Agent(args) => cmd_agent::run(args),
         Command::Bench(command) => cmd_bench::run(command),
         Command::Server(args) => cmd_server::run(args),
         Command::Sim(command) => cmd_sim::run(command),

@@ -1,0 +1,524 @@
+//! The agent's loop: register once, then heartbeat with telemetry, follow the lease set by
+//! long-poll, start replicas of new leases, stop those whose leases ended or moved to a newer
+//! epoch, stop preempted ones in their grace period, meter usage into signed records, and attest
+//! each replica's end.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::{AgentLease, HeartbeatRequest, LeaseEventRequest, NodeRegistration, PolicyDoc};
+use tokio::sync::watch;
+use trust::NodeKey;
+
+use crate::client::{Client, ClientError, LeaseSet};
+use crate::exec::{Executor, Exit, RunSpec};
+use crate::gpu::Inventory;
+use crate::state::{self, NodeState, RunRecord};
+
+/// How long a lease long-poll waits for a change.
+pub const LEASE_POLL_WAIT_MS: u64 = 25_000;
+/// How often the loop looks at its replicas (exits, usage, preemption times).
+pub const TICK: Duration = Duration::from_millis(250);
+/// How long the agent waits before asking again after the coordinator could not be reached.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// What the agent is told at start.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub coordinator: String,
+    /// The provider's API key; needed only to register the node the first time.
+    pub provider_key: Option<String>,
+    pub data_dir: PathBuf,
+    /// The node's name in the provider's fleet.
+    pub name: String,
+    pub region: String,
+    pub site: String,
+    pub fabric: String,
+    pub cpu_milli: u32,
+    pub memory_mib: u64,
+    pub policy: PolicyDoc,
+    /// A usage record is signed and sent this often for each running replica.
+    pub usage_every: Duration,
+    /// SIGTERM comes this long before a preempted replica must be gone.
+    pub grace: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Client(#[from] ClientError),
+    #[error("this node is not registered yet: give the provider's API key (--provider-key)")]
+    NoProviderKey,
+    #[error("{0}")]
+    Config(String),
+}
+
+/// One replica this agent runs.
+struct Run<H> {
+    lease: AgentLease,
+    spec: RunSpec,
+    handle: H,
+    started_ms: i64,
+    /// Usage is metered up to here.
+    metered_to_ms: i64,
+    sequence: i64,
+    gpu_seconds_milli: i64,
+    /// Thousandths of a GPU the lease holds in all.
+    gpu_milli: i64,
+    /// SIGTERM sent (preempted, or its lease ended).
+    stopping: bool,
+}
+
+pub struct Agent<E: Executor> {
+    config: AgentConfig,
+    key: NodeKey,
+    node_id: i64,
+    client: Client,
+    executor: Arc<E>,
+    inventory: Inventory,
+    runs: HashMap<i64, Run<E::Handle>>,
+    /// Replicas being stopped in the background, by lease id.
+    stopping: HashMap<i64, tokio::task::JoinHandle<Option<Exit>>>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as i64)
+}
+
+fn digest_of_file(path: &std::path::Path) -> String {
+    let bytes = std::fs::read(path).unwrap_or_default();
+    format!("blake3:{}", blake3::hash(&bytes).to_hex())
+}
+
+impl<E: Executor> Agent<E> {
+    /// Loads or makes the node's key and registers the node if this data directory has not yet.
+    pub async fn start(config: AgentConfig, inventory: Inventory, executor: E) -> Result<Agent<E>, AgentError> {
+        let (key, created) = state::load_or_create_key(&config.data_dir)?;
+        if created {
+            tracing::info!(
+                path = %config.data_dir.join(state::KEY_FILE).display(),
+                public_key = %key.public_hex(),
+                "made the node's key (mode 0600)"
+            );
+        }
+        let client = Client::new(&config.coordinator)?;
+        let node_id = match state::read_node(&config.data_dir)? {
+            Some(node) => node.node_id,
+            None => {
+                let provider_key = config.provider_key.as_deref().ok_or(AgentError::NoProviderKey)?;
+                let gpu_count = u8::try_from(inventory.gpus.len())
+                    .map_err(|_| AgentError::Config("more than 255 GPUs on one node".into()))?;
+                let registration = NodeRegistration {
+                    name: config.name.clone(),
+                    public_key: key.public_hex(),
+                    fingerprint: inventory.fingerprint(),
+                    gpu_model: inventory.model.clone(),
+                    gpu_count,
+                    cpu_milli: config.cpu_milli,
+                    memory_mib: config.memory_mib,
+                    network_mbit_s: 10_000,
+                    region: config.region.clone(),
+                    site: config.site.clone(),
+                    fabric: config.fabric.clone(),
+                    nvlink_domain: format!("{}-board", config.name),
+                    latitude: 0.0,
+                    longitude: 0.0,
+                    simulated: inventory.simulated,
+                    policy: config.policy.clone(),
+                };
+                let node = client.register(provider_key, &registration).await?;
+                state::write_node(
+                    &config.data_dir,
+                    &NodeState {
+                        node_id: node.id,
+                        coordinator: config.coordinator.clone(),
+                    },
+                )?;
+                tracing::info!(node = node.id, simulated = inventory.simulated, "registered the node");
+                node.id
+            }
+        };
+        Ok(Agent {
+            config,
+            key,
+            node_id,
+            client,
+            executor: Arc::new(executor),
+            inventory,
+            runs: HashMap::new(),
+            stopping: HashMap::new(),
+        })
+    }
+
+    pub fn node_id(&self) -> i64 {
+        self.node_id
+    }
+
+    /// Stops what a previous run of this agent left (its process groups): their leases are
+    /// started again below when the coordinator still lists them, so nothing runs twice.
+    fn stop_leftovers(&self) -> Result<(), AgentError> {
+        for leftover in state::read_runs(&self.config.data_dir)? {
+            tracing::warn!(
+                lease = leftover.lease_id,
+                pgid = leftover.pgid,
+                "stopping a replica left by an earlier run of the agent"
+            );
+            crate::exec::process::signal_group(leftover.pgid, libc::SIGKILL);
+        }
+        state::write_runs(&self.config.data_dir, &[])?;
+        Ok(())
+    }
+
+    fn save_runs(&self) {
+        let records: Vec<RunRecord> = self
+            .runs
+            .values()
+            .map(|run| RunRecord {
+                lease_id: run.lease.lease.id,
+                epoch: run.lease.lease.epoch,
+                pgid: self.executor.process_group(&run.handle).unwrap_or(0),
+            })
+            .collect();
+        if let Err(error) = state::write_runs(&self.config.data_dir, &records) {
+            tracing::warn!(%error, "could not record the running replicas");
+        }
+    }
+
+    /// Runs until `shutdown` turns true; then stops its replicas (their leases stay live, so a
+    /// restarted agent runs them again, and a node that stays away loses them).
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), AgentError> {
+        self.stop_leftovers()?;
+        let (sets, mut set_changes) = watch::channel::<Option<LeaseSet>>(None);
+        let poller = tokio::spawn(poll_leases(
+            Client::new(&self.config.coordinator)?,
+            NodeKey::from_hex(&self.key.to_hex()).map_err(|error| AgentError::Config(error.to_string()))?,
+            self.node_id,
+            sets,
+            shutdown.clone(),
+        ));
+        let mut heartbeat_every = Duration::from_secs(10);
+        let mut next_heartbeat = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => {}
+                changed = set_changes.changed() => {
+                    if changed.is_ok() {
+                        let set = set_changes.borrow_and_update().clone();
+                        if let Some(set) = set {
+                            self.reconcile(&set.leases).await;
+                        }
+                    }
+                }
+                () = tokio::time::sleep_until(next_heartbeat) => {
+                    self.inventory.refresh();
+                    let beat = HeartbeatRequest {
+                        gpus: self.inventory.telemetry(),
+                        fingerprint: Some(self.inventory.fingerprint()),
+                        datasets: None,
+                        over_limit: false,
+                    };
+                    match self.client.heartbeat(&self.key, self.node_id, &beat).await {
+                        Ok(answer) => {
+                            heartbeat_every = Duration::from_millis(answer.heartbeat_interval_ms.max(100));
+                            self.reconcile(&answer.leases).await;
+                        }
+                        Err(error) => tracing::warn!(%error, "heartbeat failed"),
+                    }
+                    next_heartbeat = tokio::time::Instant::now() + heartbeat_every;
+                }
+                () = tokio::time::sleep(TICK) => {}
+            }
+            if *shutdown.borrow() {
+                break;
+            }
+            self.tend().await;
+        }
+        let leases: Vec<i64> = self.runs.keys().copied().collect();
+        for lease in leases {
+            if let Some(run) = self.runs.remove(&lease) {
+                let _ = self.executor.stop(&run.handle, self.config.grace).await;
+                self.executor.clean_up(&run.spec).await;
+            }
+        }
+        for (_, stopping) in self.stopping.drain() {
+            let _ = stopping.await;
+        }
+        self.save_runs();
+        let _ = poller.await;
+        Ok(())
+    }
+
+    /// Makes what runs match the coordinator's lease set.
+    async fn reconcile(&mut self, leases: &[AgentLease]) {
+        let wanted: HashMap<i64, &AgentLease> = leases.iter().map(|lease| (lease.lease.id, lease)).collect();
+        // Leases that ended, or moved to a newer epoch (fenced): stop what runs for them.
+        let ended: Vec<i64> = self
+            .runs
+            .iter()
+            .filter(|(id, run)| {
+                wanted
+                    .get(id)
+                    .is_none_or(|lease| lease.lease.epoch != run.lease.lease.epoch)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ended {
+            if let Some(run) = self.runs.remove(&id) {
+                tracing::info!(lease = id, "the lease ended or moved on; stopping its replica");
+                self.stop_in_background(run, self.config.grace);
+            }
+        }
+        for lease in leases {
+            let id = lease.lease.id;
+            if let Some(run) = self.runs.get_mut(&id) {
+                run.lease = lease.clone();
+                continue;
+            }
+            if self.stopping.contains_key(&id)
+                || !matches!(lease.lease.state.as_str(), "pending" | "staging" | "running")
+            {
+                continue;
+            }
+            self.launch(lease).await;
+        }
+        self.save_runs();
+    }
+
+    async fn report(
+        &self,
+        lease: &AgentLease,
+        state: &str,
+        exit_code: Option<i64>,
+        detail: &str,
+    ) -> Result<(), ClientError> {
+        let event = LeaseEventRequest {
+            epoch: lease.lease.epoch,
+            state: state.to_string(),
+            exit_code,
+            detail: detail.chars().take(128).collect::<String>().replace(['\n', '\r'], " "),
+        };
+        self.client.event(&self.key, self.node_id, lease.lease.id, &event).await
+    }
+
+    async fn launch(&mut self, lease: &AgentLease) {
+        let id = lease.lease.id;
+        let lease_dir = self.config.data_dir.join("leases").join(id.to_string());
+        let job = &lease.job;
+        let spec = RunSpec {
+            lease_id: id,
+            epoch: lease.lease.epoch,
+            image: job.image.clone(),
+            command: job.command.clone(),
+            env: job.env.clone(),
+            gpu_indices: lease.lease.gpu_indices.clone(),
+            memory_mib: u64::try_from(lease.lease.memory_mib).unwrap_or(0),
+            cpu_milli: u32::try_from(lease.lease.cpu_milli).unwrap_or(0),
+            network: job.network.clone(),
+            scratch_dir: lease_dir.join("scratch"),
+            checkpoint_dir: job.checkpoint_dir.as_ref().map(|_| {
+                self.config
+                    .data_dir
+                    .join("checkpoints")
+                    .join(lease.lease.job_id.to_string())
+            }),
+            log_path: lease_dir.join("output.log"),
+        };
+        if let Err(error) = self.report(lease, "staging", None, "").await {
+            tracing::warn!(lease = id, %error, "could not report staging; not starting");
+            return;
+        }
+        match self.executor.start(&spec).await {
+            Ok(handle) => {
+                let now = now_ms();
+                let gpu_milli = lease.lease.gpu_indices.len() as i64 * lease.lease.gpu_milli;
+                if let Err(error) = self.report(lease, "running", None, "").await {
+                    tracing::warn!(lease = id, %error, "could not report running");
+                }
+                tracing::info!(lease = id, job = lease.lease.job_id, "replica started");
+                self.runs.insert(
+                    id,
+                    Run {
+                        lease: lease.clone(),
+                        spec,
+                        handle,
+                        started_ms: now,
+                        metered_to_ms: now,
+                        sequence: 0,
+                        gpu_seconds_milli: 0,
+                        gpu_milli,
+                        stopping: false,
+                    },
+                );
+            }
+            Err(error) => {
+                tracing::warn!(lease = id, %error, "the replica did not start");
+                if let Err(report) = self.report(lease, "failed", None, &error.to_string()).await {
+                    tracing::warn!(lease = id, error = %report, "could not report the failure");
+                }
+                self.executor.clean_up(&spec).await;
+            }
+        }
+    }
+
+    fn stop_in_background(&mut self, run: Run<E::Handle>, grace: Duration) {
+        let executor = self.executor.clone();
+        let id = run.lease.lease.id;
+        self.stopping.insert(
+            id,
+            tokio::spawn(async move {
+                let exit = executor.stop(&run.handle, grace).await.ok();
+                executor.clean_up(&run.spec).await;
+                exit
+            }),
+        );
+    }
+
+    /// Meters usage, notices ends, and starts the grace period of preempted replicas.
+    async fn tend(&mut self) {
+        self.stopping.retain(|_, task| !task.is_finished());
+        let now = now_ms();
+        let ids: Vec<i64> = self.runs.keys().copied().collect();
+        for id in ids {
+            let exit = match self.runs.get(&id) {
+                Some(run) => self.executor.poll_exit(&run.handle).await,
+                None => continue,
+            };
+            match exit {
+                Ok(Some(exit)) => {
+                    if let Some(run) = self.runs.remove(&id) {
+                        self.finish(run, exit).await;
+                    }
+                    continue;
+                }
+                Ok(None) => {}
+                Err(error) => tracing::warn!(lease = id, %error, "could not look at the replica"),
+            }
+            let Some(run) = self.runs.get_mut(&id) else { continue };
+            if !run.stopping
+                && let Some(at_ms) = run.lease.lease.preempt_at_us.map(|at| at / 1000)
+                && now + self.config.grace.as_millis() as i64 >= at_ms
+            {
+                run.stopping = true;
+                let grace = Duration::from_millis(u64::try_from(at_ms - now).unwrap_or(0));
+                tracing::info!(
+                    lease = id,
+                    grace_ms = grace.as_millis() as u64,
+                    "preempted: stopping the replica"
+                );
+                let executor = self.executor.clone();
+                let handle = run.handle.clone();
+                // The exit is noticed above like any other; the grace runs meanwhile.
+                tokio::spawn(async move {
+                    let _ = executor.stop(&handle, grace).await;
+                });
+            }
+            if now - run.metered_to_ms >= self.config.usage_every.as_millis() as i64 {
+                self.meter(id, now).await;
+            }
+        }
+        self.save_runs();
+    }
+
+    /// Sends the usage of replica `id` from where metering stopped to `now_ms`.
+    async fn meter(&mut self, id: i64, now: i64) {
+        let Some(run) = self.runs.get_mut(&id) else { return };
+        let period_ms = now - run.metered_to_ms;
+        if period_ms <= 0 {
+            return;
+        }
+        let gpu_seconds_milli = run.gpu_milli * period_ms / 1000;
+        run.sequence += 1;
+        let record = trust::UsageRecord {
+            lease_id: id,
+            epoch: run.lease.lease.epoch,
+            sequence: run.sequence,
+            period_start_ms: run.metered_to_ms,
+            period_end_ms: now,
+            gpu_seconds_milli,
+            gpu_utilisation_permille: 0,
+            telemetry_digest: format!(
+                "blake3:{}",
+                blake3::hash(
+                    serde_json::to_string(&self.inventory.telemetry())
+                        .unwrap_or_default()
+                        .as_bytes()
+                )
+                .to_hex()
+            ),
+        };
+        run.metered_to_ms = now;
+        run.gpu_seconds_milli += gpu_seconds_milli;
+        if let Err(error) = self.client.usage(&self.key, self.node_id, &record).await {
+            tracing::warn!(lease = id, %error, "a usage record was refused");
+        }
+    }
+
+    /// A replica ended on its own (or in its grace period): its last usage, then the
+    /// attestation, which ends the lease as finished (exit 0) or failed.
+    async fn finish(&mut self, run: Run<E::Handle>, exit: Exit) {
+        let id = run.lease.lease.id;
+        let now = now_ms();
+        self.runs.insert(id, run);
+        self.meter(id, now).await;
+        let Some(run) = self.runs.remove(&id) else { return };
+        let attestation = trust::Attestation {
+            lease_id: id,
+            epoch: run.lease.lease.epoch,
+            image_digest: self.executor.image_digest(&run.handle),
+            start_ms: run.started_ms,
+            end_ms: run.metered_to_ms,
+            exit_code: exit.code,
+            gpu_seconds_milli: run.gpu_seconds_milli,
+            telemetry_digest: String::new(),
+            log_digest: digest_of_file(&run.spec.log_path),
+        };
+        match self.client.attest(&self.key, self.node_id, &attestation).await {
+            Ok(()) => tracing::info!(lease = id, exit = exit.code, "replica ended; attested"),
+            Err(error) if error.is_conflict() => {
+                tracing::info!(lease = id, %error, "replica ended after its lease did");
+            }
+            Err(error) => tracing::warn!(lease = id, %error, "the attestation was refused"),
+        }
+        self.executor.clean_up(&run.spec).await;
+        self.save_runs();
+    }
+}
+
+/// Follows the lease set by long-poll and publishes each new one.
+async fn poll_leases(
+    client: Client,
+    key: NodeKey,
+    node_id: i64,
+    sets: watch::Sender<Option<LeaseSet>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut known: Option<String> = None;
+    loop {
+        let asked = client.leases(&key, node_id, LEASE_POLL_WAIT_MS, known.as_deref());
+        let answer = tokio::select! {
+            answer = asked => answer,
+            _ = shutdown.changed() => return,
+        };
+        match answer {
+            Ok(set) => {
+                if known.as_deref() != Some(set.version.as_str()) {
+                    known = Some(set.version.clone());
+                    let _ = sets.send(Some(set));
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "lease poll failed; asking again shortly");
+                tokio::select! {
+                    () = tokio::time::sleep(RETRY_AFTER) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The agent's side of the coordinator's API: node registration with the provider's API key,
+//! and every other request signed with the node's key.
+
+use api::{AgentLease, HeartbeatRequest, HeartbeatResponse, LeaseEventRequest, NodeRegistration, NodeView};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use trust::NodeKey;
+
+/// How long one request may take, long polls aside.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("the coordinator could not be reached: {0}")]
+    Unreachable(String),
+    /// The coordinator refused the request; `status` and its JSON error's message.
+    #[error("the coordinator answered {status}: {message}")]
+    Refused { status: u16, message: String },
+    #[error("the coordinator's answer could not be read: {0}")]
+    BadAnswer(String),
+}
+
+impl ClientError {
+    /// A 409: the lease is not live at this epoch any more (stop it).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, ClientError::Refused { status: 409, .. })
+    }
+}
+
+/// The lease set the coordinator wants this node to run, with a version for long polls.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct LeaseSet {
+    pub version: String,
+    pub leases: Vec<AgentLease>,
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as i64)
+}
+
+async fn answer<T: DeserializeOwned>(sent: reqwest::Result<reqwest::Response>) -> Result<T, ClientError> {
+    let response = sent.map_err(|error| ClientError::Unreachable(error.to_string()))?;
+    let status = response.status();
+    let bytes = response
+        .bytes()
+        .await
+        .map_err(|error| ClientError::Unreachable(error.to_string()))?;
+    if !status.is_success() {
+        let message = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|body| body["error"]["message"].as_str().map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+        return Err(ClientError::Refused {
+            status: status.as_u16(),
+            message,
+        });
+    }
+    serde_json::from_slice(&bytes).map_err(|error| ClientError::BadAnswer(error.to_string()))
+}
+
+impl Client {
+    pub fn new(coordinator: &str) -> Result<Client, ClientError> {
+        let http = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|error| ClientError::Unreachable(error.to_string()))?;
+        Ok(Client {
+            http,
+            base: coordinator.trim_end_matches('/').to_string(),
+        })
+    }
+
+    /// Registers the node with the provider's API key.
+    pub async fn register(&self, provider_key: &str, registration: &NodeRegistration) -> Result<NodeView, ClientError> {
+        answer(
+            self.http
+                .post(format!("{}/v1/nodes", self.base))
+                .bearer_auth(provider_key)
+                .timeout(REQUEST_TIMEOUT)
+                .json(registration)
+                .send()
+                .await,
+        )
+        .await
+    }
+
+    /// Sends a request signed by the node's key; `path` includes any query.
+    async fn signed<T: DeserializeOwned>(
+        &self,
+        key: &NodeKey,
+        node_id: i64,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+        timeout: std::time::Duration,
+    ) -> Result<T, ClientError> {
+        let bytes = match body {
+            Some(body) => serde_json::to_vec(body).map_err(|error| ClientError::BadAnswer(error.to_string()))?,
+            None => Vec::new(),
+        };
+        let headers = key.sign_request_now(node_id, method.as_str(), path, &bytes, now_ms());
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .timeout(timeout);
+        for (name, value) in headers.header_pairs() {
+            request = request.header(name, value);
+        }
+        if body.is_some() {
+            request = request.header("content-type", "application/json").body(bytes);
+        }
+        answer(request.send().await).await
+    }
+
+    pub async fn heartbeat(
+        &self,
+        key: &NodeKey,
+        node_id: i64,
+        beat: &HeartbeatRequest,
+    ) -> Result<HeartbeatResponse, ClientError> {
+        self.signed(
+            key,
+            node_id,
+            reqwest::Method::POST,
+            "/v1/agent/heartbeat",
+            Some(beat),
+            REQUEST_TIMEOUT,
+        )
+        .await
+    }
+
+    /// The lease set, waiting up to `wait_ms` for it to differ from `known`.
+    pub async fn leases(
+        &self,
+        key: &NodeKey,
+        node_id: i64,
+        wait_ms: u64,
+        known: Option<&str>,
+    ) -> Result<LeaseSet, ClientError> {
+        let path = match known {
+            Some(version) => format!("/v1/agent/leases?wait_ms={wait_ms}&known={version}"),
+            None => "/v1/agent/leases".to_string(),
+        };
+        let timeout = REQUEST_TIMEOUT + std::time::Duration::from_millis(wait_ms);
+        self.signed(key, node_id, reqwest::Method::GET, &path, None::<&()>, timeout)
+            .await
+    }
+
+    pub async fn event(
+        &self,
+        key: &NodeKey,
+        node_id: i64,
+        lease_id: i64,
+        event: &LeaseEventRequest,
+    ) -> Result<(), ClientError> {
+        let path = format!("/v1/agent/leases/{lease_id}/events");
+        self.signed::<serde_json::Value>(key, node_id, reqwest::Method::POST, &path, Some(event), REQUEST_TIMEOUT)
+            .await
+            .map(|_| ())
+    }
+
+    /// Reports a usage record; returns what it was charged (micro-dollars).
+    pub async fn usage(&self, key: &NodeKey, node_id: i64, record: &trust::UsageRecord) -> Result<i64, ClientError> {
+        let signed = trust::sign_record(key, node_id, record);
+        let accepted: api::UsageAccepted = self
+            .signed(
+                key,
+                node_id,
+                reqwest::Method::POST,
+                "/v1/agent/usage",
+                Some(&signed),
+                REQUEST_TIMEOUT,
+            )
+            .await?;
+        Ok(accepted.charged_micros)
+    }
+
+    pub async fn attest(
+        &self,
+        key: &NodeKey,
+        node_id: i64,
+        attestation: &trust::Attestation,
+    ) -> Result<(), ClientError> {
+        let signed = trust::sign_record(key, node_id, attestation);
+        self.signed::<serde_json::Value>(
+            key,
+            node_id,
+            reqwest::Method::POST,
+            "/v1/agent/attestations",
+            Some(&signed),
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .map(|_| ())
+    }
+}

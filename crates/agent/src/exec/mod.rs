@@ -1,0 +1,73 @@
+//! Executors run one replica of a lease: a process on the host (`process`), or a container
+//! (Docker, to come). The agent drives them through one trait, so one conformance suite checks
+//! every executor the same way.
+
+pub mod process;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything an executor needs to run one replica.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSpec {
+    pub lease_id: i64,
+    pub epoch: i64,
+    /// The container image, or for the process executor the program (empty: the command's
+    /// first word is the program).
+    pub image: String,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// The host's GPU indices this replica may use.
+    pub gpu_indices: Vec<u8>,
+    pub memory_mib: u64,
+    pub cpu_milli: u32,
+    /// "none" or "bridge".
+    pub network: String,
+    /// The replica's scratch directory, removed after it ends.
+    pub scratch_dir: PathBuf,
+    /// Kept across preemptions and restarts when the job asked for one.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Where the replica's output goes (stdout and stderr, interleaved).
+    pub log_path: PathBuf,
+}
+
+/// How a replica ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exit {
+    /// The exit code; 128 + the signal's number when a signal ended it.
+    pub code: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("could not start the replica: {0}")]
+    Start(String),
+    #[error("executor: {0}")]
+    Other(String),
+}
+
+/// Runs replicas. `Handle` identifies one running replica; it outlives the agent's process
+/// where the executor can find it again (`adopt`).
+pub trait Executor: Send + Sync + 'static {
+    type Handle: Send + Sync + Clone + std::fmt::Debug + 'static;
+
+    /// Starts a replica; returns once it runs.
+    fn start(&self, spec: &RunSpec) -> impl Future<Output = Result<Self::Handle, ExecError>> + Send;
+
+    /// Whether the replica has ended, and how; `None` while it runs.
+    fn poll_exit(&self, handle: &Self::Handle) -> impl Future<Output = Result<Option<Exit>, ExecError>> + Send;
+
+    /// Asks the replica to stop (SIGTERM) and kills it if it still runs after `grace`. Returns
+    /// how it ended.
+    fn stop(&self, handle: &Self::Handle, grace: Duration) -> impl Future<Output = Result<Exit, ExecError>> + Send;
+
+    /// A digest of what ran (the image's content digest, or the program file's).
+    fn image_digest(&self, handle: &Self::Handle) -> String;
+
+    /// The replica's process group, which a restarted agent stops (none for a container).
+    fn process_group(&self, handle: &Self::Handle) -> Option<i32>;
+
+    /// Removes what the replica left behind (its scratch directory).
+    fn clean_up(&self, spec: &RunSpec) -> impl Future<Output = ()> + Send;
+}

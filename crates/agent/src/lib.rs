@@ -1,0 +1,12 @@
+//! The provider agent: what a GPU owner runs. It keeps the node's ed25519 key, detects the GPUs
+//! honestly (or offers simulated ones, labelled as such), registers the node, heartbeats with
+//! telemetry, receives leases by long-poll, runs each replica with an executor, signs usage
+//! records and a completion attestation, and acts only on a lease's newest epoch.
+
+pub mod agent;
+pub mod client;
+pub mod exec;
+pub mod gpu;
+pub mod state;
+
+pub use agent::{Agent, AgentConfig};

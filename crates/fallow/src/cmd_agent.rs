@@ -1,0 +1,118 @@
+//! `fallow agent`: the provider agent. It makes the node's key on first start, registers the
+//! node with the provider's API key, and from then on signs every request.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+
+#[derive(Args)]
+pub struct AgentArgs {
+    /// The coordinator's URL.
+    #[arg(long, env = "FALLOW_COORDINATOR", default_value = "http://127.0.0.1:7070")]
+    coordinator: String,
+    /// The provider's API key (needed the first time, to register the node).
+    #[arg(long, env = "FALLOW_PROVIDER_KEY")]
+    provider_key: Option<String>,
+    /// Where the agent keeps its key (node.key, mode 0600), its node id and its leases' files.
+    #[arg(long, default_value = "fallow-agent", env = "FALLOW_AGENT_DATA_DIR")]
+    data_dir: PathBuf,
+    /// Offer simulated GPUs instead of real ones, e.g. H100-SXM5:8; the node is marked simulated
+    /// everywhere and never billed as real.
+    #[arg(long)]
+    simulate_gpus: Option<String>,
+    /// The node's name (default: the host's name).
+    #[arg(long)]
+    name: Option<String>,
+    #[arg(long, default_value = "local")]
+    region: String,
+    #[arg(long, default_value = "local")]
+    site: String,
+    /// Asks per GPU-hour in dollars, per tier sold: gold=3.00,silver=2.00,bronze=1.00.
+    #[arg(long, default_value = "gold=3.00,silver=2.00,bronze=1.00")]
+    asks: String,
+    /// Seconds between signed usage records of a running replica.
+    #[arg(long, default_value_t = 30)]
+    usage_every_s: u64,
+    /// Seconds between SIGTERM and SIGKILL when a replica must stop.
+    #[arg(long, default_value_t = 30)]
+    grace_s: u64,
+}
+
+fn asks(text: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    text.split(',')
+        .map(|pair| {
+            let (tier, price) = pair
+                .split_once('=')
+                .with_context(|| format!("--asks: {pair:?} is not TIER=DOLLARS"))?;
+            Ok((tier.trim().to_string(), price.trim().to_string()))
+        })
+        .collect()
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "node".to_string())
+}
+
+/// Total memory from /proc/meminfo, in MiB.
+fn memory_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("MemTotal:"))
+                .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(1024, |kib| kib / 1024)
+}
+
+pub fn run(args: AgentArgs) -> anyhow::Result<()> {
+    crate::cmd_server::init_logging();
+    let inventory = match &args.simulate_gpus {
+        Some(text) => agent::gpu::simulated(text, |name| model::GpuCatalog::embedded().find(name).is_some())?,
+        None => agent::gpu::inventory_of(agent::gpu::detect()?)?,
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+    let config = agent::AgentConfig {
+        coordinator: args.coordinator,
+        provider_key: args.provider_key,
+        data_dir: args.data_dir,
+        name: args.name.unwrap_or_else(host_name),
+        region: args.region,
+        site: args.site.clone(),
+        fabric: format!("{}-net", args.site),
+        cpu_milli: u32::try_from(cores * 1000).unwrap_or(u32::MAX),
+        memory_mib: memory_mib(),
+        policy: api::PolicyDoc {
+            asks: asks(&args.asks)?,
+            ..api::PolicyDoc::default()
+        },
+        usage_every: std::time::Duration::from_secs(args.usage_every_s.max(1)),
+        grace: std::time::Duration::from_secs(args.grace_s),
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let simulated = inventory.simulated;
+        let (model, count) = (inventory.model.clone(), inventory.gpus.len());
+        let agent = agent::Agent::start(config, inventory, agent::exec::process::ProcessExecutor)
+            .await
+            .context("starting the agent")?;
+        eprintln!(
+            "fallow: agent of node {} with {count} × {model}{} (process executor)",
+            agent.node_id(),
+            if simulated { ", simulated" } else { "" }
+        );
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let running = tokio::spawn(agent.run(stopped));
+        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+        eprintln!("fallow: agent stopping");
+        let _ = stop.send(true);
+        running.await.context("the agent's loop")??;
+        anyhow::Ok(())
+    })
+}
