@@ -160,17 +160,17 @@ impl<E: Executor> Agent<E> {
         self.node_id
     }
 
-    /// Stops what a previous run of this agent left (its process groups): their leases are
-    /// started again below when the coordinator still lists them, so nothing runs twice.
-    fn stop_leftovers(&self) -> Result<(), AgentError> {
-        for leftover in state::read_runs(&self.config.data_dir)? {
+    /// Stops what a previous run of this agent left: their leases are started again below when
+    /// the coordinator still lists them, so nothing runs twice.
+    async fn stop_leftovers(&self) -> Result<(), AgentError> {
+        let leftovers = state::read_runs(&self.config.data_dir)?;
+        for leftover in &leftovers {
             tracing::warn!(
                 lease = leftover.lease_id,
-                pgid = leftover.pgid,
                 "stopping a replica left by an earlier run of the agent"
             );
-            crate::exec::process::signal_group(leftover.pgid, libc::SIGKILL);
         }
+        self.executor.stop_leftovers(&leftovers).await;
         state::write_runs(&self.config.data_dir, &[])?;
         Ok(())
     }
@@ -182,7 +182,7 @@ impl<E: Executor> Agent<E> {
             .map(|run| RunRecord {
                 lease_id: run.lease.lease.id,
                 epoch: run.lease.lease.epoch,
-                pgid: self.executor.process_group(&run.handle).unwrap_or(0),
+                id: self.executor.handle_id(&run.handle),
             })
             .collect();
         if let Err(error) = state::write_runs(&self.config.data_dir, &records) {
@@ -193,7 +193,7 @@ impl<E: Executor> Agent<E> {
     /// Runs until `shutdown` turns true; then stops its replicas (their leases stay live, so a
     /// restarted agent runs them again, and a node that stays away loses them).
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), AgentError> {
-        self.stop_leftovers()?;
+        self.stop_leftovers().await?;
         let (sets, mut set_changes) = watch::channel::<Option<LeaseSet>>(None);
         let poller = tokio::spawn(poll_leases(
             Client::new(&self.config.coordinator)?,

@@ -27,8 +27,8 @@ pub struct NodeState {
 pub struct RunRecord {
     pub lease_id: i64,
     pub epoch: i64,
-    /// The process executor's process group.
-    pub pgid: i32,
+    /// What the executor needs to find it again: a process group id, a container id.
+    pub id: String,
 }
 
 fn io_error(path: &Path, error: std::io::Error) -> std::io::Error {
@@ -132,7 +132,7 @@ mod tests {
         let runs = vec![RunRecord {
             lease_id: 3,
             epoch: 1,
-            pgid: 99,
+            id: "99".into(),
         }];
         write_runs(&dir, &runs).unwrap();
         assert_eq!(read_runs(&dir).unwrap(), runs);

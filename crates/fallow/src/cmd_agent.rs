@@ -38,6 +38,42 @@ pub struct AgentArgs {
     /// Seconds between SIGTERM and SIGKILL when a replica must stop.
     #[arg(long, default_value_t = 30)]
     grace_s: u64,
+    /// How replicas run: in Docker containers (the Docker Engine on this host), or as processes
+    /// (bare metal: `image` is the program).
+    #[arg(long, value_enum, default_value_t = ExecutorKind::Docker)]
+    executor: ExecutorKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ExecutorKind {
+    Docker,
+    Process,
+}
+
+/// Starts the agent with `executor` and runs it until Ctrl-C.
+async fn serve<E: agent::exec::Executor>(
+    config: agent::AgentConfig,
+    inventory: agent::gpu::Inventory,
+    executor: E,
+    kind: &str,
+) -> anyhow::Result<()> {
+    let simulated = inventory.simulated;
+    let (model, count) = (inventory.model.clone(), inventory.gpus.len());
+    let agent = agent::Agent::start(config, inventory, executor)
+        .await
+        .context("starting the agent")?;
+    eprintln!(
+        "fallow: agent of node {} with {count} × {model}{} ({kind} executor)",
+        agent.node_id(),
+        if simulated { ", simulated" } else { "" }
+    );
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(agent.run(stopped));
+    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+    eprintln!("fallow: agent stopping");
+    let _ = stop.send(true);
+    running.await.context("the agent's loop")??;
+    Ok(())
 }
 
 fn asks(text: &str) -> anyhow::Result<BTreeMap<String, String>> {
@@ -97,22 +133,14 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
-        let simulated = inventory.simulated;
-        let (model, count) = (inventory.model.clone(), inventory.gpus.len());
-        let agent = agent::Agent::start(config, inventory, agent::exec::process::ProcessExecutor)
-            .await
-            .context("starting the agent")?;
-        eprintln!(
-            "fallow: agent of node {} with {count} × {model}{} (process executor)",
-            agent.node_id(),
-            if simulated { ", simulated" } else { "" }
-        );
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let running = tokio::spawn(agent.run(stopped));
-        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
-        eprintln!("fallow: agent stopping");
-        let _ = stop.send(true);
-        running.await.context("the agent's loop")??;
-        anyhow::Ok(())
+        match args.executor {
+            ExecutorKind::Process => serve(config, inventory, agent::exec::process::ProcessExecutor, "process").await,
+            ExecutorKind::Docker => {
+                let executor = agent::exec::docker::DockerExecutor::connect(!inventory.simulated)
+                    .await
+                    .context("the Docker executor (or start the agent with --executor process)")?;
+                serve(config, inventory, executor, "docker").await
+            }
+        }
     })
 }

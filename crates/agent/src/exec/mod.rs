@@ -2,6 +2,7 @@
 //! (Docker, to come). The agent drives them through one trait, so one conformance suite checks
 //! every executor the same way.
 
+pub mod docker;
 pub mod process;
 
 use std::collections::BTreeMap;
@@ -65,8 +66,12 @@ pub trait Executor: Send + Sync + 'static {
     /// A digest of what ran (the image's content digest, or the program file's).
     fn image_digest(&self, handle: &Self::Handle) -> String;
 
-    /// The replica's process group, which a restarted agent stops (none for a container).
-    fn process_group(&self, handle: &Self::Handle) -> Option<i32>;
+    /// What a restarted agent needs to find the replica again (see `stop_leftovers`).
+    fn handle_id(&self, handle: &Self::Handle) -> String;
+
+    /// Stops what an earlier run of the agent started (`runs`, as it recorded them): a restarted
+    /// agent runs the leases it still holds again, so none runs twice at once.
+    fn stop_leftovers(&self, runs: &[crate::state::RunRecord]) -> impl Future<Output = ()> + Send;
 
     /// Removes what the replica left behind (its scratch directory).
     fn clean_up(&self, spec: &RunSpec) -> impl Future<Output = ()> + Send;

@@ -214,8 +214,16 @@ impl Executor for ProcessExecutor {
         handle.digest.clone()
     }
 
-    fn process_group(&self, handle: &ProcessHandle) -> Option<i32> {
-        Some(handle.pgid)
+    fn handle_id(&self, handle: &ProcessHandle) -> String {
+        handle.pgid.to_string()
+    }
+
+    async fn stop_leftovers(&self, runs: &[crate::state::RunRecord]) {
+        for run in runs {
+            if let Ok(pgid) = run.id.parse() {
+                signal_group(pgid, libc::SIGKILL);
+            }
+        }
     }
 
     async fn clean_up(&self, spec: &RunSpec) {

@@ -1,15 +1,16 @@
-//! The agent end to end with the process executor: a coordinator (SQLite), a tenant and a
-//! provider, and an agent offering simulated GPUs that runs leased jobs as real processes.
-//! No Docker needed; the container executor has its own suite.
+//! The agent end to end: a coordinator (SQLite), a tenant and a provider, and an agent offering
+//! simulated GPUs that runs leased jobs as real processes, or as real Docker containers.
+
+mod common;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use agent::exec::Executor;
 use agent::exec::process::ProcessExecutor;
 use agent::{Agent, AgentConfig};
+use common::{DEADLINE, IMAGE, docker, unique};
 use serde_json::{Value, json};
-
-const DEADLINE: Duration = Duration::from_secs(30);
 
 struct World {
     base: String,
@@ -18,12 +19,6 @@ struct World {
     provider_key: String,
     running: server::Running,
     dir: PathBuf,
-}
-
-fn unique(prefix: &str) -> PathBuf {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()))
 }
 
 async fn call(world: &World, key: &str, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
@@ -116,12 +111,13 @@ fn agent_config(world: &World, name: &str) -> AgentConfig {
 }
 
 /// Starts an agent with two simulated H100s; returns its node id and the handle to stop it.
-async fn start_agent(
+async fn start_agent<E: Executor>(
     world: &World,
     name: &str,
+    executor: E,
 ) -> (i64, tokio::sync::watch::Sender<bool>, tokio::task::JoinHandle<()>) {
     let inventory = agent::gpu::simulated("H100-SXM5:2", |name| name == "H100-SXM5").unwrap();
-    let agent = Agent::start(agent_config(world, name), inventory, ProcessExecutor)
+    let agent = Agent::start(agent_config(world, name), inventory, executor)
         .await
         .expect("the agent registers");
     let node_id = agent.node_id();
@@ -172,7 +168,7 @@ async fn submit(world: &World, job: Value) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn e2e_a_process_job_runs_on_the_agent_and_is_attested() {
     let world = world().await;
-    let (node_id, stop, task) = start_agent(&world, "rig-1").await;
+    let (node_id, stop, task) = start_agent(&world, "rig-1", ProcessExecutor).await;
     let key_mode = {
         use std::os::unix::fs::PermissionsExt;
         std::fs::metadata(world.dir.join("rig-1").join(agent::state::KEY_FILE))
@@ -240,6 +236,21 @@ async fn e2e_a_process_job_runs_on_the_agent_and_is_attested() {
     let _ = std::fs::remove_dir_all(&world.dir);
 }
 
+/// The process id a job wrote to `path`, waiting for it; fails with `what` after the deadline.
+async fn read_pid(path: &std::path::Path, what: &str) -> i32 {
+    let start = Instant::now();
+    loop {
+        if let Some(pid) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.trim().parse::<i32>().ok())
+        {
+            return pid;
+        }
+        assert!(start.elapsed() < DEADLINE, "{what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn alive(pid: i32) -> bool {
     // SAFETY: signal 0 only asks whether the process exists.
     unsafe { libc::kill(pid, 0) == 0 }
@@ -248,22 +259,12 @@ fn alive(pid: i32) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn e2e_a_cancelled_job_is_stopped_and_a_restarted_agent_stops_its_leftovers() {
     let world = world().await;
-    let (_, stop, task) = start_agent(&world, "rig-2").await;
+    let (_, stop, task) = start_agent(&world, "rig-2", ProcessExecutor).await;
     let pid_file = world.dir.join("pid");
     let script = format!("echo $$ > {}; exec sleep 300", pid_file.display());
     let id = submit(&world, job("long", &script)).await;
     wait_for_job(&world, id, "running").await;
-    let start = Instant::now();
-    let pid = loop {
-        if let Some(pid) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|text| text.trim().parse::<i32>().ok())
-        {
-            break pid;
-        }
-        assert!(start.elapsed() < DEADLINE, "the job never started its process");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let pid = read_pid(&pid_file, "the job never started its process").await;
     assert!(alive(pid));
     let (status, cancelled) = call(
         &world,
@@ -285,23 +286,13 @@ async fn e2e_a_cancelled_job_is_stopped_and_a_restarted_agent_stops_its_leftover
     let _ = std::fs::remove_file(&pid_file);
     let second = submit(&world, job("outlives", &script)).await;
     wait_for_job(&world, second, "running").await;
-    let start = Instant::now();
-    let first_pid = loop {
-        if let Some(pid) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|text| text.trim().parse::<i32>().ok())
-        {
-            break pid;
-        }
-        assert!(start.elapsed() < DEADLINE, "the second job never started");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let first_pid = read_pid(&pid_file, "the second job never started").await;
     task.abort();
     let _ = task.await;
     drop(stop);
     assert!(alive(first_pid), "an agent that dies leaves its process behind");
     let _ = std::fs::remove_file(&pid_file);
-    let (_, stop, task) = start_agent(&world, "rig-2").await;
+    let (_, stop, task) = start_agent(&world, "rig-2", ProcessExecutor).await;
     let start = Instant::now();
     while alive(first_pid) {
         assert!(
@@ -310,17 +301,7 @@ async fn e2e_a_cancelled_job_is_stopped_and_a_restarted_agent_stops_its_leftover
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let start = Instant::now();
-    let second_pid = loop {
-        if let Some(pid) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|text| text.trim().parse::<i32>().ok())
-        {
-            break pid;
-        }
-        assert!(start.elapsed() < DEADLINE, "the lease was not run again");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let second_pid = read_pid(&pid_file, "the lease was not run again").await;
     assert_ne!(
         second_pid, first_pid,
         "a new process for the same lease, the old one gone"
@@ -328,6 +309,74 @@ async fn e2e_a_cancelled_job_is_stopped_and_a_restarted_agent_stops_its_leftover
     let _ = stop.send(true);
     task.await.unwrap();
     assert!(!alive(second_pid), "a stopping agent stops its replicas");
+    world.running.stop().await;
+    let _ = std::fs::remove_dir_all(&world.dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_a_container_job_runs_on_the_agent_and_is_attested() {
+    let Some(executor) = docker().await else { return };
+    let world = world().await;
+    let (node_id, stop, task) = start_agent(&world, "box-1", executor).await;
+    let id = submit(
+        &world,
+        json!({
+            "name": "in-a-box",
+            "image": IMAGE,
+            "command": ["/bin/sh", "-c", "echo \"hello from lease $FALLOW_LEASE_ID\"; sleep 1"],
+            "gpus": 1,
+            "tier": "silver",
+            "max_price_per_gpu_hour": "5.00",
+            "max_runtime_s": 600,
+        }),
+    )
+    .await;
+    let finished = wait_for_job(&world, id, "finished").await;
+    let lease = &finished["leases"][0];
+    assert_eq!(
+        (lease["state"].as_str(), lease["node_id"].as_i64()),
+        (Some("finished"), Some(node_id)),
+        "{finished}"
+    );
+    let log = world
+        .dir
+        .join("box-1")
+        .join("leases")
+        .join(lease["id"].to_string())
+        .join("output.log");
+    let start = Instant::now();
+    let wanted = format!("hello from lease {}", lease["id"]);
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains(&wanted) {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the container's output never reached {}",
+            log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let failing = submit(
+        &world,
+        json!({
+            "name": "no-image",
+            "image": "fallow-no-such-image:0",
+            "command": ["true"],
+            "gpus": 1,
+            "tier": "silver",
+            "max_price_per_gpu_hour": "5.00",
+            "max_runtime_s": 600,
+        }),
+    )
+    .await;
+    let failed = wait_for_job(&world, failing, "failed").await;
+    assert!(
+        failed["leases"][0]["end_reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not on this node"),
+        "a missing image fails the lease with the reason: {failed}"
+    );
+    let _ = stop.send(true);
+    task.await.unwrap();
     world.running.stop().await;
     let _ = std::fs::remove_dir_all(&world.dir);
 }
