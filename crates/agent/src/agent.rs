@@ -21,6 +21,10 @@ use crate::state::{self, NodeState, RunRecord};
 pub const LEASE_POLL_WAIT_MS: u64 = 25_000;
 /// How often the loop looks at its replicas (exits, usage, preemption times).
 pub const TICK: Duration = Duration::from_millis(250);
+/// The most bytes of a replica's output sent in one chunk.
+pub const LOG_CHUNK_BYTES: usize = 48 * 1024;
+/// How long a replica's end waits for the last of its output to reach its log file.
+pub const LOG_SETTLE: Duration = Duration::from_millis(200);
 /// How long the agent waits before asking again after the coordinator could not be reached.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -71,6 +75,30 @@ struct Run<H> {
     gpu_milli: i64,
     /// SIGTERM sent (preempted, or its lease ended).
     stopping: bool,
+    /// Bytes of the log the coordinator has.
+    log_sent: u64,
+}
+
+/// The bytes of `path` from `offset` on, at most `max`, cut at a character boundary.
+fn read_log(path: &std::path::Path, offset: u64, max: usize) -> Option<(String, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).ok()?;
+    file.seek(SeekFrom::Start(offset)).ok()?;
+    let mut bytes = Vec::with_capacity(max);
+    file.take(max as u64).read_to_end(&mut bytes).ok()?;
+    if bytes.is_empty() {
+        return None;
+    }
+    let valid = match std::str::from_utf8(&bytes) {
+        Ok(_) => bytes.len(),
+        // A character cut by the chunk's end waits for the next chunk; bytes that are not
+        // UTF-8 at all are sent replaced.
+        Err(error) if error.error_len().is_none() && error.valid_up_to() > 0 => error.valid_up_to(),
+        Err(_) => bytes.len(),
+    };
+    bytes.truncate(valid);
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    Some((text, valid as u64))
 }
 
 pub struct Agent<E: Executor> {
@@ -353,6 +381,7 @@ impl<E: Executor> Agent<E> {
                         gpu_seconds_milli: 0,
                         gpu_milli,
                         stopping: false,
+                        log_sent: 0,
                     },
                 );
             }
@@ -421,8 +450,34 @@ impl<E: Executor> Agent<E> {
             if now - run.metered_to_ms >= self.config.usage_every.as_millis() as i64 {
                 self.meter(id, now).await;
             }
+            self.ship_log(id).await;
         }
         self.save_runs();
+    }
+
+    /// Sends what replica `id` wrote to its log since the last chunk; true when it sent some.
+    async fn ship_log(&mut self, id: i64) -> bool {
+        let Some(run) = self.runs.get(&id) else { return false };
+        let Some((text, bytes)) = read_log(&run.spec.log_path, run.log_sent, LOG_CHUNK_BYTES) else {
+            return false;
+        };
+        let chunk = api::LogChunkRequest {
+            epoch: run.lease.lease.epoch,
+            byte_offset: i64::try_from(run.log_sent).unwrap_or(i64::MAX),
+            text,
+        };
+        match self.client.log(&self.key, self.node_id, id, &chunk).await {
+            Ok(_) => {
+                if let Some(run) = self.runs.get_mut(&id) {
+                    run.log_sent += bytes;
+                }
+                true
+            }
+            Err(error) => {
+                tracing::warn!(lease = id, %error, "a chunk of output was not taken");
+                false
+            }
+        }
     }
 
     /// Sends the usage of replica `id` from where metering stopped to `now_ms`.
@@ -466,6 +521,9 @@ impl<E: Executor> Agent<E> {
         let now = now_ms();
         self.runs.insert(id, run);
         self.meter(id, now).await;
+        // The last of the output may still be on its way to the log file (Docker's stream).
+        tokio::time::sleep(LOG_SETTLE).await;
+        while self.ship_log(id).await {}
         let Some(run) = self.runs.remove(&id) else { return };
         let attestation = trust::Attestation {
             lease_id: id,

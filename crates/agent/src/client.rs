@@ -166,6 +166,21 @@ impl Client {
             .map(|_| ())
     }
 
+    /// Sends a chunk of a replica's output; false when the coordinator had it or keeps no more.
+    pub async fn log(
+        &self,
+        key: &NodeKey,
+        node_id: i64,
+        lease_id: i64,
+        chunk: &api::LogChunkRequest,
+    ) -> Result<bool, ClientError> {
+        let path = format!("/v1/agent/leases/{lease_id}/logs");
+        let accepted: api::LogChunkAccepted = self
+            .signed(key, node_id, reqwest::Method::POST, &path, Some(chunk), REQUEST_TIMEOUT)
+            .await?;
+        Ok(accepted.stored)
+    }
+
     /// Reports a usage record; returns what it was charged (micro-dollars).
     pub async fn usage(&self, key: &NodeKey, node_id: i64, record: &trust::UsageRecord) -> Result<i64, ClientError> {
         let signed = trust::sign_record(key, node_id, record);

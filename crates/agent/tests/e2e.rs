@@ -229,6 +229,15 @@ async fn e2e_a_process_job_runs_on_the_agent_and_is_attested() {
             .contains("exit code 3"),
         "the exit code is the reason: {failed}"
     );
+    let (_, logs) = call(
+        &world,
+        &world.tenant_key,
+        reqwest::Method::GET,
+        &format!("/v1/jobs/{failing}/logs"),
+        None,
+    )
+    .await;
+    assert_eq!(logs["chunks"][0]["text"], "oops\n", "stderr reaches the tenant: {logs}");
 
     let _ = stop.send(true);
     task.await.unwrap();
@@ -354,6 +363,24 @@ async fn e2e_a_container_job_runs_on_the_agent_and_is_attested() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let (status, logs) = call(
+        &world,
+        &world.tenant_key,
+        reqwest::Method::GET,
+        &format!("/v1/jobs/{id}/logs"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{logs}");
+    let text: String = logs["chunks"]
+        .as_array()
+        .map(|chunks| chunks.iter().filter_map(|chunk| chunk["text"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        text.contains(&wanted),
+        "the tenant reads the output through the API: {logs}"
+    );
+    assert_eq!(logs["chunks"][0]["lease_id"], lease["id"], "{logs}");
     let failing = submit(
         &world,
         json!({

@@ -366,6 +366,43 @@ pub struct LeaseEventRequest {
     pub detail: String,
 }
 
+/// The most characters one chunk of a replica's output may carry.
+pub const LOG_CHUNK_CHARS_MAX: usize = 64 * 1024;
+
+/// A piece of a replica's output, sent by its agent: `text` is what the replica wrote from
+/// `byte_offset` of its log on (sending the same chunk again stores nothing more).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LogChunkRequest {
+    pub epoch: i64,
+    pub byte_offset: i64,
+    pub text: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct LogChunkAccepted {
+    /// False when this chunk was stored before, or the lease's log is full.
+    pub stored: bool,
+}
+
+/// A job's output, oldest first; ask again with `after=next_after` for more.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct JobLogs {
+    pub job_id: i64,
+    pub chunks: Vec<LogChunkView>,
+    pub next_after: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct LogChunkView {
+    pub id: i64,
+    pub lease_id: i64,
+    pub replica: i64,
+    pub byte_offset: i64,
+    pub text: String,
+    pub at_us: i64,
+}
+
 /// A usage record for one interval, signed by the node's key over its body.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
 #[serde(deny_unknown_fields)]

@@ -42,6 +42,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/jobs/quote", post(routes::quote_job))
         .route("/v1/jobs/{id}", get(routes::show_job))
         .route("/v1/jobs/{id}/cancel", post(routes::cancel_job))
+        .route("/v1/jobs/{id}/logs", get(routes::job_logs))
         .route("/v1/offers", get(routes::search_offers))
         .route("/v1/balance", get(routes::balance))
         .route("/v1/statement", get(routes::statement))
@@ -53,6 +54,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/agent/heartbeat", post(routes::heartbeat))
         .route("/v1/agent/leases", get(routes::poll_leases))
         .route("/v1/agent/leases/{id}/events", post(routes::lease_event))
+        .route("/v1/agent/leases/{id}/logs", post(routes::lease_log))
         .route("/v1/agent/usage", post(routes::report_usage))
         .route("/v1/agent/attestations", post(routes::attest))
         .route(

@@ -947,6 +947,97 @@ pub async fn lease_event(
     Ok(Json(lease_view(&lease)))
 }
 
+/// The most a lease's stored output may hold (characters); later chunks are not stored.
+pub const LEASE_LOG_CHARS_MAX: i64 = 8 << 20;
+
+/// A chunk of a replica's output from its agent, at the lease's current epoch.
+pub async fn lease_log(
+    State(state): AppStateRef,
+    Path(lease_id): Path<i64>,
+    signed: Signed<LogChunkRequest>,
+) -> ApiResult<Json<LogChunkAccepted>> {
+    let lease = node_lease(&state, signed.node_id, lease_id).await?;
+    let chunk = &signed.body;
+    if chunk.byte_offset < 0 {
+        return Err(ApiError::BadRequest(format!(
+            "byte_offset: {} is negative",
+            chunk.byte_offset
+        )));
+    }
+    if chunk.text.chars().count() > LOG_CHUNK_CHARS_MAX {
+        return Err(ApiError::BadRequest(format!(
+            "text: at most {LOG_CHUNK_CHARS_MAX} characters a chunk"
+        )));
+    }
+    if chunk.epoch != lease.epoch {
+        return Err(ApiError::Conflict(format!(
+            "lease {lease_id} is at epoch {}, not {}: stop it",
+            lease.epoch, chunk.epoch
+        )));
+    }
+    let stored = state
+        .store
+        .append_lease_log(
+            &store::LogChunk {
+                id: 0,
+                lease_id,
+                epoch: chunk.epoch,
+                byte_offset: chunk.byte_offset,
+                text: chunk.text.clone(),
+                at: now_us(),
+            },
+            LEASE_LOG_CHARS_MAX,
+        )
+        .await?;
+    Ok(Json(LogChunkAccepted { stored }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogQuery {
+    after: Option<i64>,
+    limit: Option<i64>,
+}
+
+/// A job's output, from every replica, oldest first.
+pub async fn job_logs(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(id): Path<i64>,
+    Query(query): Query<LogQuery>,
+) -> ApiResult<Json<JobLogs>> {
+    let job = own_job(&state, &caller, id).await?;
+    let limit = query.limit.unwrap_or(PAGE_SIZE_MAX);
+    if !(1..=PAGE_SIZE_MAX).contains(&limit) {
+        return Err(ApiError::BadRequest(format!("limit: {limit} is not 1–{PAGE_SIZE_MAX}")));
+    }
+    let after = query.after.unwrap_or(0);
+    let leases = state.store.leases_of_job(job.id).await?;
+    let replicas: std::collections::HashMap<i64, i64> =
+        leases.iter().map(|lease| (lease.id, lease.lease.replica)).collect();
+    let ids: Vec<i64> = leases.iter().map(|lease| lease.id).collect();
+    let chunks: Vec<LogChunkView> = state
+        .store
+        .lease_logs(&ids, after, limit)
+        .await?
+        .into_iter()
+        .map(|chunk| LogChunkView {
+            id: chunk.id,
+            lease_id: chunk.lease_id,
+            replica: replicas.get(&chunk.lease_id).copied().unwrap_or(0),
+            byte_offset: chunk.byte_offset,
+            text: chunk.text,
+            at_us: chunk.at,
+        })
+        .collect();
+    let next_after = chunks.last().map_or(after, |chunk| chunk.id);
+    Ok(Json(JobLogs {
+        job_id: job.id,
+        chunks,
+        next_after,
+    }))
+}
+
 fn usage_record(body: &UsageBody) -> trust::UsageRecord {
     trust::UsageRecord {
         lease_id: body.lease_id,

@@ -594,6 +594,86 @@ async fn a_lease_past_its_maximum_runtime_is_ended_and_its_job_fails() {
     .await;
 }
 
+/// An agent sends its replica's output in chunks at byte offsets of the replica's log; the
+/// tenant reads them in order, and nobody else can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replicas_output_reaches_its_tenant_and_no_one_else() {
+    on_every_backend(async |h: &Harness| {
+        let tenant = h.tenant("acme").await;
+        let provider = h.provider("gpu-farm").await;
+        h.credit(&tenant, "100.00").await;
+        let agent = h.node(&provider, "talkative", |_| {}).await;
+        let other = h.node(&provider, "nosy", |_| {}).await;
+        let job_id = micros(&h.submit(&tenant, job_request("chatty")).await["id"]);
+        let (_, lease) = run_until_placed(h, &agent, &tenant, job_id).await;
+        let path = format!("/v1/agent/leases/{}/logs", lease["id"]);
+        let epoch = micros(&lease["epoch"]);
+        let chunk = |offset: i64, text: &str| json!({"epoch": epoch, "byte_offset": offset, "text": text});
+        let sent = agent
+            .signed("POST", &path, Some(&chunk(0, "step 1\n")))
+            .await
+            .expect(200, "a chunk");
+        assert_eq!(sent["stored"], true, "{}", h.backend);
+        let again = agent
+            .signed("POST", &path, Some(&chunk(0, "step 1\n")))
+            .await
+            .expect(200, "again");
+        assert_eq!(again["stored"], false, "{}: the same offset is stored once", h.backend);
+        agent
+            .signed("POST", &path, Some(&chunk(7, "step 2\n")))
+            .await
+            .expect(200, "the next chunk");
+        agent
+            .signed(
+                "POST",
+                &path,
+                Some(&json!({"epoch": epoch + 1, "byte_offset": 14, "text": "x"})),
+            )
+            .await
+            .refused(409, "another epoch");
+        agent
+            .signed("POST", &path, Some(&chunk(-1, "x")))
+            .await
+            .refused(400, "a negative offset");
+        agent
+            .signed(
+                "POST",
+                &path,
+                Some(&chunk(14, &"y".repeat(api::LOG_CHUNK_CHARS_MAX + 1))),
+            )
+            .await
+            .refused(400, "an oversized chunk");
+        other
+            .signed("POST", &path, Some(&chunk(14, "forged")))
+            .await
+            .refused(403, "another node's lease");
+        let logs = h
+            .get(&tenant.key, &format!("/v1/jobs/{job_id}/logs"))
+            .await
+            .expect(200, "logs");
+        let texts: Vec<&str> = logs["chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|chunk| chunk["text"].as_str())
+            .collect();
+        assert_eq!(texts, vec!["step 1\n", "step 2\n"], "{}: {logs}", h.backend);
+        let rest = h
+            .get(
+                &tenant.key,
+                &format!("/v1/jobs/{job_id}/logs?after={}", logs["next_after"]),
+            )
+            .await
+            .expect(200, "nothing newer");
+        assert_eq!(rest["chunks"], json!([]), "{}", h.backend);
+        let stranger = h.tenant("globex").await;
+        h.get(&stranger.key, &format!("/v1/jobs/{job_id}/logs"))
+            .await
+            .refused(404, "another tenant's logs");
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_same_client_token_returns_the_same_job() {
     on_every_backend(async |h: &Harness| {

@@ -54,7 +54,7 @@ fn lease_from(row: &AnyRow) -> Result<LeaseRecord> {
     })
 }
 
-fn placeholders(first: usize, count: usize) -> String {
+pub(crate) fn placeholders(first: usize, count: usize) -> String {
     (first..first + count)
         .map(|n| format!("${n}"))
         .collect::<Vec<_>>()

@@ -4,7 +4,7 @@
 use sqlx::Row;
 
 use crate::accounts::is_unique_violation;
-use crate::{AttestationRow, EvidenceRow, LeaseEvent, PricePoint, Result, Store, UsageRow};
+use crate::{AttestationRow, EvidenceRow, LeaseEvent, LogChunk, PricePoint, Result, Store, UsageRow};
 
 impl Store {
     /// Stores a usage record; false when (lease, sequence) was already stored (a replay or a retry).
@@ -113,6 +113,55 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    /// Stores a chunk of a replica's output at `byte_offset` of its log, unless the lease's log
+    /// would pass `bytes_max`; false when the chunk was there already or would not fit.
+    pub async fn append_lease_log(&self, chunk: &LogChunk, bytes_max: i64) -> Result<bool> {
+        let stored = sqlx::query(
+            "INSERT INTO lease_logs (lease_id, epoch, byte_offset, text, at) \
+             SELECT $1, $2, $3, $4, $5 WHERE (SELECT COALESCE(SUM(LENGTH(text)), 0) FROM lease_logs WHERE lease_id = $1) + $6 <= $7 \
+             ON CONFLICT (lease_id, epoch, byte_offset) DO NOTHING",
+        )
+        .bind(chunk.lease_id)
+        .bind(chunk.epoch)
+        .bind(chunk.byte_offset)
+        .bind(&chunk.text)
+        .bind(chunk.at)
+        .bind(chunk.text.len() as i64)
+        .bind(bytes_max)
+        .execute(&self.pool)
+        .await?;
+        Ok(stored.rows_affected() == 1)
+    }
+
+    /// The output of `leases` after chunk `after` (an id), oldest first, at most `limit` chunks.
+    pub async fn lease_logs(&self, leases: &[i64], after: i64, limit: i64) -> Result<Vec<LogChunk>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let query = format!(
+            "SELECT id, lease_id, epoch, byte_offset, text, at FROM lease_logs WHERE id > $1 AND lease_id IN ({}) \
+             ORDER BY id LIMIT $2",
+            crate::jobs::placeholders(3, leases.len())
+        );
+        let mut select = sqlx::query(sqlx::AssertSqlSafe(query)).bind(after).bind(limit);
+        for lease in leases {
+            select = select.bind(*lease);
+        }
+        let rows = select.fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(LogChunk {
+                    id: row.try_get("id")?,
+                    lease_id: row.try_get("lease_id")?,
+                    epoch: row.try_get("epoch")?,
+                    byte_offset: row.try_get("byte_offset")?,
+                    text: row.try_get("text")?,
+                    at: row.try_get("at")?,
+                })
+            })
+            .collect()
     }
 
     pub async fn lease_events(&self, lease_id: i64) -> Result<Vec<LeaseEvent>> {

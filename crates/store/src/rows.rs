@@ -195,6 +195,18 @@ pub struct LeaseRecord {
     pub end_reason: String,
 }
 
+/// A piece of a replica's output, at a byte offset of its log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogChunk {
+    /// Assigned by the store (0 before).
+    pub id: i64,
+    pub lease_id: i64,
+    pub epoch: i64,
+    pub byte_offset: i64,
+    pub text: String,
+    pub at: i64,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct LeaseEvent {
     pub id: i64,
