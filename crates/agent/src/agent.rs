@@ -111,6 +111,10 @@ pub struct Agent<E: Executor> {
     runs: HashMap<i64, Run<E::Handle>>,
     /// Replicas being stopped in the background, by lease id.
     stopping: HashMap<i64, tokio::task::JoinHandle<Option<Exit>>>,
+    /// The last time the coordinator answered (a heartbeat or a lease poll).
+    contact: tokio::sync::watch::Sender<tokio::time::Instant>,
+    /// The coordinator's heartbeat timeout, from its last heartbeat answer.
+    heartbeat_timeout: Option<Duration>,
 }
 
 fn now_ms() -> i64 {
@@ -181,6 +185,8 @@ impl<E: Executor> Agent<E> {
             inventory,
             runs: HashMap::new(),
             stopping: HashMap::new(),
+            contact: tokio::sync::watch::Sender::new(tokio::time::Instant::now()),
+            heartbeat_timeout: None,
         })
     }
 
@@ -228,6 +234,7 @@ impl<E: Executor> Agent<E> {
             NodeKey::from_hex(&self.key.to_hex()).map_err(|error| AgentError::Config(error.to_string()))?,
             self.node_id,
             sets,
+            self.contact.clone(),
             shutdown.clone(),
         ));
         let mut heartbeat_every = Duration::from_secs(10);
@@ -253,7 +260,10 @@ impl<E: Executor> Agent<E> {
                     };
                     match self.client.heartbeat(&self.key, self.node_id, &beat).await {
                         Ok(answer) => {
+                            self.contact.send_replace(tokio::time::Instant::now());
                             heartbeat_every = Duration::from_millis(answer.heartbeat_interval_ms.max(100));
+                            self.heartbeat_timeout = (answer.heartbeat_timeout_ms > 0)
+                                .then(|| Duration::from_millis(answer.heartbeat_timeout_ms));
                             self.reconcile(&answer.leases).await;
                         }
                         Err(error) => tracing::warn!(%error, "heartbeat failed"),
@@ -408,8 +418,31 @@ impl<E: Executor> Agent<E> {
         );
     }
 
+    /// Stops every replica when the coordinator has not answered for half its heartbeat
+    /// timeout: by the time it finds the node silent and moves the leases elsewhere (a whole
+    /// timeout), they are gone, so no lease runs twice at once. Their leases stay as the
+    /// coordinator has them; if it still lists them when contact returns, they run again.
+    fn fence_if_cut_off(&mut self) {
+        let Some(timeout) = self.heartbeat_timeout else { return };
+        if self.runs.is_empty() || self.contact.borrow().elapsed() < timeout / 2 {
+            return;
+        }
+        let grace = self.config.grace.min(timeout / 4);
+        tracing::warn!(
+            replicas = self.runs.len(),
+            "the coordinator has not answered for half the heartbeat timeout; stopping every replica"
+        );
+        let ids: Vec<i64> = self.runs.keys().copied().collect();
+        for id in ids {
+            if let Some(run) = self.runs.remove(&id) {
+                self.stop_in_background(run, grace);
+            }
+        }
+    }
+
     /// Meters usage, notices ends, and starts the grace period of preempted replicas.
     async fn tend(&mut self) {
+        self.fence_if_cut_off();
         self.stopping.retain(|_, task| !task.is_finished());
         let now = now_ms();
         let ids: Vec<i64> = self.runs.keys().copied().collect();
@@ -554,6 +587,7 @@ async fn poll_leases(
     key: NodeKey,
     node_id: i64,
     sets: watch::Sender<Option<LeaseSet>>,
+    contact: watch::Sender<tokio::time::Instant>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut known: Option<String> = None;
@@ -565,6 +599,7 @@ async fn poll_leases(
         };
         match answer {
             Ok(set) => {
+                contact.send_replace(tokio::time::Instant::now());
                 if known.as_deref() != Some(set.version.as_str()) {
                     known = Some(set.version.clone());
                     let _ = sets.send(Some(set));

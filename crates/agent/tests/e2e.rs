@@ -35,12 +35,17 @@ async fn call(world: &World, key: &str, method: reqwest::Method, path: &str, bod
 }
 
 async fn world() -> World {
+    world_with_timeout(server::Config::default().heartbeat_timeout_ms).await
+}
+
+async fn world_with_timeout(heartbeat_timeout_ms: u64) -> World {
     let dir = unique("fallow-agent-e2e");
     std::fs::create_dir_all(&dir).unwrap();
     let config = server::Config {
         listen: "127.0.0.1:0".into(),
         data_dir: dir.join("coordinator"),
         heartbeat_interval_ms: 500,
+        heartbeat_timeout_ms,
         ..server::Config::default()
     };
     let database = format!("sqlite://{}", dir.join("fallow.db").display());
@@ -88,8 +93,12 @@ async fn world() -> World {
 }
 
 fn agent_config(world: &World, name: &str) -> AgentConfig {
+    agent_config_via(world, name, &world.base)
+}
+
+fn agent_config_via(world: &World, name: &str, coordinator: &str) -> AgentConfig {
     AgentConfig {
-        coordinator: world.base.clone(),
+        coordinator: coordinator.to_string(),
         provider_key: Some(world.provider_key.clone()),
         data_dir: world.dir.join(name),
         name: name.to_string(),
@@ -116,8 +125,15 @@ async fn start_agent<E: Executor>(
     name: &str,
     executor: E,
 ) -> (i64, tokio::sync::watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+    start_agent_with(agent_config(world, name), executor).await
+}
+
+async fn start_agent_with<E: Executor>(
+    config: AgentConfig,
+    executor: E,
+) -> (i64, tokio::sync::watch::Sender<bool>, tokio::task::JoinHandle<()>) {
     let inventory = agent::gpu::simulated("H100-SXM5:2", |name| name == "H100-SXM5").unwrap();
-    let agent = Agent::start(agent_config(world, name), inventory, executor)
+    let agent = Agent::start(config, inventory, executor)
         .await
         .expect("the agent registers");
     let node_id = agent.node_id();
@@ -406,4 +422,138 @@ async fn e2e_a_container_job_runs_on_the_agent_and_is_attested() {
     task.await.unwrap();
     world.running.stop().await;
     let _ = std::fs::remove_dir_all(&world.dir);
+}
+
+/// A TCP proxy to the coordinator that can be cut (every connection dropped, new ones refused)
+/// and restored: a network partition between one agent and the coordinator.
+struct Proxy {
+    url: String,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    links: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Proxy {
+    async fn to(target: &str) -> Proxy {
+        let target = target.trim_start_matches("http://").to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let links = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (accept_open, accept_links) = (open.clone(), links.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !accept_open.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue;
+                }
+                let target = target.clone();
+                let link = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                accept_links.lock().unwrap().push(link);
+            }
+        });
+        Proxy { url, open, links }
+    }
+
+    fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        for link in self.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_a_cut_off_agent_stops_its_replica_before_the_lease_moves_so_the_job_never_runs_twice() {
+    let world = world_with_timeout(3_000).await;
+    let proxy = Proxy::to(&world.base).await;
+    let (cut_node, cut_stop, cut_task) =
+        start_agent_with(agent_config_via(&world, "cut-off", &proxy.url), ProcessExecutor).await;
+    let pids = world.dir.join("pids");
+    std::fs::create_dir_all(&pids).unwrap();
+    let script = format!("echo $$ > {}/$FALLOW_LEASE_ID; exec sleep 300", pids.display());
+    let id = submit(&world, job("survives-a-partition", &script)).await;
+    let running = wait_for_job(&world, id, "running").await;
+    let first = running["leases"][0].clone();
+    assert_eq!(first["node_id"], cut_node);
+    let first_pid = read_pid(&pids.join(first["id"].to_string()), "the first replica never started").await;
+    let (spare_node, spare_stop, spare_task) = start_agent(&world, "spare", ProcessExecutor).await;
+
+    proxy.cut();
+    let cut_at = Instant::now();
+    // The job moves to the spare node only after a whole timeout; the cut-off replica must be
+    // gone before any replica starts there.
+    let start = Instant::now();
+    let second = loop {
+        let (_, view) = call(
+            &world,
+            &world.tenant_key,
+            reqwest::Method::GET,
+            &format!("/v1/jobs/{id}"),
+            None,
+        )
+        .await;
+        if let Some(lease) = lease_on(&view, spare_node) {
+            break lease;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the job never moved to the spare node: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!alive(first_pid), "the cut-off replica still ran when the lease moved");
+    // A whole timeout after the last heartbeat the coordinator took, one interval (500 ms) or
+    // less before the cut.
+    assert!(
+        cut_at.elapsed() >= Duration::from_millis(2_000),
+        "the lease moved only after the timeout: {:?}",
+        cut_at.elapsed()
+    );
+    let second_pid = read_pid(&pids.join(second["id"].to_string()), "the moved replica never started").await;
+    assert!(alive(second_pid));
+
+    // Contact returns: the cut-off agent learns its lease is gone and starts nothing again.
+    proxy.restore();
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let (_, view) = call(
+        &world,
+        &world.tenant_key,
+        reqwest::Method::GET,
+        &format!("/v1/jobs/{id}"),
+        None,
+    )
+    .await;
+    let lost = view["leases"]
+        .as_array()
+        .and_then(|leases| leases.iter().find(|lease| lease["id"] == first["id"]))
+        .cloned()
+        .expect("the first lease is listed");
+    assert_eq!(lost["state"], "lost", "{view}");
+    assert_eq!(view["state"], "running", "{view}");
+    assert!(alive(second_pid), "the moved replica runs on");
+    assert!(!alive(first_pid));
+    let _ = cut_stop.send(true);
+    let _ = spare_stop.send(true);
+    cut_task.await.unwrap();
+    spare_task.await.unwrap();
+    world.running.stop().await;
+    let _ = std::fs::remove_dir_all(&world.dir);
+}
+
+/// The lease of a job's view on `node`, if it has one that is live.
+fn lease_on(view: &Value, node: i64) -> Option<Value> {
+    view["leases"]
+        .as_array()?
+        .iter()
+        .find(|lease| {
+            lease["node_id"] == node && matches!(lease["state"].as_str(), Some("pending" | "staging" | "running"))
+        })
+        .cloned()
 }

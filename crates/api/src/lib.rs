@@ -344,6 +344,10 @@ pub struct GpuTelemetry {
 pub struct HeartbeatResponse {
     pub leases: Vec<AgentLease>,
     pub heartbeat_interval_ms: u64,
+    /// A node silent this long loses its leases: an agent cut off from the coordinator stops
+    /// its replicas well before, so that a lease moved elsewhere never runs twice at once.
+    #[serde(default)]
+    pub heartbeat_timeout_ms: u64,
 }
 
 /// A lease as the agent receives it: everything needed to run the replica.

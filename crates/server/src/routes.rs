@@ -783,6 +783,7 @@ pub async fn heartbeat(
     Ok(Json(HeartbeatResponse {
         leases: agent_leases_hinted(&state, signed.node_id).await?,
         heartbeat_interval_ms: state.config.heartbeat_interval_ms,
+        heartbeat_timeout_ms: state.config.heartbeat_timeout_ms,
     }))
 }
 
