@@ -51,9 +51,9 @@ pub struct AgentConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Client(#[from] ClientError),
     #[error("this node is not registered yet: give the provider's API key (--provider-key)")]
     NoProviderKey,
@@ -579,6 +579,27 @@ impl<E: Executor> Agent<E> {
         self.executor.clean_up(&run.spec).await;
         self.save_runs();
     }
+}
+
+/// Makes a new key for the node registered in `data_dir` and has the coordinator take it, in a
+/// request signed by the current key; the old key stops working. Run it while the agent is
+/// stopped (a running agent keeps signing with the key it loaded). Returns the new public key.
+pub async fn rotate_key(data_dir: &std::path::Path, coordinator: &str) -> Result<String, AgentError> {
+    let old = state::load_key(data_dir)?;
+    let node = state::read_node(data_dir)?.ok_or_else(|| {
+        AgentError::Config(format!(
+            "{} has no registered node: start the agent once first",
+            data_dir.display()
+        ))
+    })?;
+    let new = NodeKey::generate();
+    // On disk before the coordinator knows it, so no answer lost on the way leaves a node whose
+    // only key is gone.
+    state::write_pending_key(data_dir, &new)?;
+    Client::new(coordinator)?.rotate_key(&old, node.node_id, &new).await?;
+    state::commit_pending_key(data_dir)?;
+    tracing::info!(node = node.node_id, public_key = %new.public_hex(), "rotated the node's key");
+    Ok(new.public_hex())
 }
 
 /// Follows the lease set by long-poll and publishes each new one.

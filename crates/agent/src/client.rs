@@ -166,6 +166,23 @@ impl Client {
             .map(|_| ())
     }
 
+    /// Asks the coordinator to replace the node's key (`key`) with `new`.
+    pub async fn rotate_key(&self, key: &NodeKey, node_id: i64, new: &NodeKey) -> Result<(), ClientError> {
+        let body = api::KeyRotation {
+            public_key: new.public_hex(),
+        };
+        self.signed::<serde_json::Value>(
+            key,
+            node_id,
+            reqwest::Method::POST,
+            "/v1/agent/key",
+            Some(&body),
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// Sends a chunk of a replica's output; false when the coordinator had it or keeps no more.
     pub async fn log(
         &self,

@@ -9,4 +9,4 @@ pub mod exec;
 pub mod gpu;
 pub mod state;
 
-pub use agent::{Agent, AgentConfig};
+pub use agent::{Agent, AgentConfig, rotate_key};

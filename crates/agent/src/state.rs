@@ -70,6 +70,28 @@ pub fn load_or_create_key(dir: &Path) -> std::io::Result<(NodeKey, bool)> {
     }
 }
 
+/// A new key waiting for the coordinator to accept it (`rotate_key`).
+pub const PENDING_KEY_FILE: &str = "node.key.new";
+
+/// The node's key, which must exist (an error names the file otherwise).
+pub fn load_key(dir: &Path) -> std::io::Result<NodeKey> {
+    let path = dir.join(KEY_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|error| io_error(&path, error))?;
+    NodeKey::from_hex(&text)
+        .map_err(|error| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {error}", path.display())))
+}
+
+/// Writes `key` beside the current one (mode 0600) until the coordinator accepts it.
+pub fn write_pending_key(dir: &Path, key: &NodeKey) -> std::io::Result<()> {
+    write_atomically(&dir.join(PENDING_KEY_FILE), format!("{}\n", key.to_hex()).as_bytes())
+}
+
+/// Makes the pending key the node's key.
+pub fn commit_pending_key(dir: &Path) -> std::io::Result<()> {
+    let (from, to) = (dir.join(PENDING_KEY_FILE), dir.join(KEY_FILE));
+    std::fs::rename(&from, &to).map_err(|error| io_error(&to, error))
+}
+
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> std::io::Result<Option<T>> {
     match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|error| {

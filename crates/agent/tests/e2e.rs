@@ -557,3 +557,44 @@ fn lease_on(view: &Value, node: i64) -> Option<Value> {
         })
         .cloned()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_a_rotated_key_replaces_the_old_one() {
+    let world = world().await;
+    let (node_id, stop, task) = start_agent(&world, "rotor", ProcessExecutor).await;
+    let _ = stop.send(true);
+    task.await.unwrap();
+    let dir = world.dir.join("rotor");
+    let old = agent::state::load_key(&dir).unwrap();
+    let new_public = agent::rotate_key(&dir, &world.base)
+        .await
+        .expect("the rotation is accepted");
+    let new = agent::state::load_key(&dir).unwrap();
+    assert_eq!(new.public_hex(), new_public);
+    assert_ne!(new.public_hex(), old.public_hex());
+    assert!(!dir.join(agent::state::PENDING_KEY_FILE).exists());
+    let client = agent::client::Client::new(&world.base).unwrap();
+    let beat = api::HeartbeatRequest::default();
+    match client.heartbeat(&old, node_id, &beat).await {
+        Err(agent::client::ClientError::Refused { status: 401, .. }) => {}
+        other => panic!("the old key still signs: {other:?}"),
+    }
+    client.heartbeat(&new, node_id, &beat).await.expect("the new key signs");
+    let (_, node) = call(
+        &world,
+        &world.provider_key,
+        reqwest::Method::GET,
+        &format!("/v1/nodes/{node_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(node["public_key"], new_public, "{node}");
+    // The restarted agent signs with the new key and runs work.
+    let (_, stop, task) = start_agent(&world, "rotor", ProcessExecutor).await;
+    let id = submit(&world, job("after-rotation", "true")).await;
+    wait_for_job(&world, id, "finished").await;
+    let _ = stop.send(true);
+    task.await.unwrap();
+    world.running.stop().await;
+    let _ = std::fs::remove_dir_all(&world.dir);
+}

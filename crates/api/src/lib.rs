@@ -370,6 +370,14 @@ pub struct LeaseEventRequest {
     pub detail: String,
 }
 
+/// A node's new public key, in a request signed by its current key.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KeyRotation {
+    /// The new ed25519 public key, 64 hex characters.
+    pub public_key: String,
+}
+
 /// The most characters one chunk of a replica's output may carry.
 pub const LOG_CHUNK_CHARS_MAX: usize = 64 * 1024;
 

@@ -8,15 +8,23 @@ use anyhow::Context;
 use clap::Args;
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = false)]
 pub struct AgentArgs {
+    #[command(subcommand)]
+    command: Option<AgentCommand>,
     /// The coordinator's URL.
-    #[arg(long, env = "FALLOW_COORDINATOR", default_value = "http://127.0.0.1:7070")]
+    #[arg(
+        long,
+        global = true,
+        env = "FALLOW_COORDINATOR",
+        default_value = "http://127.0.0.1:7070"
+    )]
     coordinator: String,
     /// The provider's API key (needed the first time, to register the node).
     #[arg(long, env = "FALLOW_PROVIDER_KEY")]
     provider_key: Option<String>,
     /// Where the agent keeps its key (node.key, mode 0600), its node id and its leases' files.
-    #[arg(long, default_value = "fallow-agent", env = "FALLOW_AGENT_DATA_DIR")]
+    #[arg(long, global = true, default_value = "fallow-agent", env = "FALLOW_AGENT_DATA_DIR")]
     data_dir: PathBuf,
     /// Offer simulated GPUs instead of real ones, e.g. H100-SXM5:8; the node is marked simulated
     /// everywhere and never billed as real.
@@ -42,6 +50,13 @@ pub struct AgentArgs {
     /// (bare metal: `image` is the program).
     #[arg(long, value_enum, default_value_t = ExecutorKind::Docker)]
     executor: ExecutorKind,
+}
+
+#[derive(clap::Subcommand)]
+enum AgentCommand {
+    /// Make a new key for this node and have the coordinator take it (signed by the current
+    /// key, which then stops working). Stop the agent first; start it again after.
+    RotateKey,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -109,6 +124,17 @@ fn memory_mib() -> u64 {
 
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     crate::cmd_server::init_logging();
+    if let Some(AgentCommand::RotateKey) = args.command {
+        let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+        let public = runtime
+            .block_on(agent::rotate_key(&args.data_dir, &args.coordinator))
+            .context("rotating the node's key")?;
+        eprintln!(
+            "fallow: the node's new key is {public}; {} holds it (mode 0600)",
+            args.data_dir.join(agent::state::KEY_FILE).display()
+        );
+        return Ok(());
+    }
     let inventory = match &args.simulate_gpus {
         Some(text) => agent::gpu::simulated(text, |name| model::GpuCatalog::embedded().find(name).is_some())?,
         None => agent::gpu::inventory_of(agent::gpu::detect()?)?,

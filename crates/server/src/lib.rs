@@ -55,6 +55,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/agent/leases", get(routes::poll_leases))
         .route("/v1/agent/leases/{id}/events", post(routes::lease_event))
         .route("/v1/agent/leases/{id}/logs", post(routes::lease_log))
+        .route("/v1/agent/key", post(routes::rotate_node_key))
         .route("/v1/agent/usage", post(routes::report_usage))
         .route("/v1/agent/attestations", post(routes::attest))
         .route(
@@ -181,6 +182,32 @@ async fn checkpoints(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Rec
     }
 }
 
+/// Forgets the cached keys of nodes whose key another replica rotated, every
+/// `KEY_ROTATIONS_EVERY`, until `shutdown`.
+async fn key_rotations(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let mut since = now_us();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(KEY_ROTATIONS_EVERY) => {
+                let now = now_us();
+                match state.store.keys_rotated_since(since - reconcile::CHANGE_OVERLAP_US).await {
+                    Ok(nodes) => {
+                        for node in nodes {
+                            state.forget_node(node);
+                        }
+                        since = now;
+                    }
+                    Err(error) => tracing::warn!(%error, "could not read key rotations; trying again"),
+                }
+            }
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// How often a replica looks for node keys rotated on other replicas.
+pub const KEY_ROTATIONS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How often SQLite's write-ahead log is copied back into the database file.
 pub const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -213,11 +240,12 @@ pub async fn start(database_url: &str, config: Config) -> anyhow_like::Result<Ru
     });
     let beats = tokio::spawn(beats::run(state.clone(), watch.clone()));
     let checkpoints = tokio::spawn(checkpoints(state.clone(), watch.clone()));
+    let rotations = tokio::spawn(key_rotations(state.clone(), watch.clone()));
     let reconcile = tokio::spawn(reconcile::run(state.clone(), watch));
     Ok(Running {
         addr,
         state,
         shutdown,
-        tasks: vec![serve, beats, checkpoints, reconcile],
+        tasks: vec![serve, beats, checkpoints, rotations, reconcile],
     })
 }

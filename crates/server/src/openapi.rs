@@ -52,6 +52,7 @@ use utoipa::OpenApi;
         api::StatementView,
         api::InvoiceView,
         api::LogChunkRequest,
+        api::KeyRotation,
         api::LogChunkAccepted,
         api::JobLogs,
         api::LogChunkView,
@@ -241,6 +242,15 @@ const PATHS: &[Operation] = &[
         "Report a lease's state (fenced by epoch)",
         Some("LeaseEventRequest"),
         Some("LeaseView"),
+        200,
+    ),
+    (
+        "post",
+        "/v1/agent/key",
+        "agent (signed)",
+        "Replace the node's key with a new one (signed by the current key)",
+        Some("KeyRotation"),
+        Some("NodeView"),
         200,
     ),
     (

@@ -948,6 +948,37 @@ pub async fn lease_event(
     Ok(Json(lease_view(&lease)))
 }
 
+/// Replaces the node's key with a new one, in a request signed by the current key: from then on
+/// only the new key signs for the node (on other replicas within about a second).
+pub async fn rotate_node_key(State(state): AppStateRef, signed: Signed<KeyRotation>) -> ApiResult<Json<NodeView>> {
+    let new = signed.body.public_key.trim().to_lowercase();
+    trust::parse_public_key(&new)?;
+    // The key that signed this request: a key rotated away meanwhile changes nothing.
+    let old_hex = trust::public_key_hex(&state.node_identity(signed.node_id).await?.key);
+    if new == old_hex {
+        return Err(ApiError::BadRequest(
+            "public_key: that is the node's current key".into(),
+        ));
+    }
+    let rotated = state
+        .store
+        .rotate_node_key(signed.node_id, &old_hex, &new, now_us())
+        .await?;
+    state.forget_node(signed.node_id);
+    if !rotated {
+        return Err(ApiError::Conflict(
+            "the node's key changed meanwhile; sign with the current key".into(),
+        ));
+    }
+    tracing::info!(node = signed.node_id, "node key rotated");
+    let record = state
+        .store
+        .node(signed.node_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("node".into()))?;
+    Ok(Json(crate::views::node_view(&record, 0.0, 0, 0)))
+}
+
 /// The most a lease's stored output may hold (characters); later chunks are not stored.
 pub const LEASE_LOG_CHARS_MAX: i64 = 8 << 20;
 

@@ -287,7 +287,13 @@ impl AppState {
         self.keys.lock().expect("key cache lock").remove(key_id);
     }
 
-    /// The node's registered public key and provider (cached: a node's key never changes).
+    /// Forgets a node's cached key (it was rotated).
+    pub fn forget_node(&self, node_id: i64) {
+        self.nodes.lock().expect("node cache lock").remove(&node_id);
+    }
+
+    /// The node's registered public key and provider (cached; a rotation here or on another
+    /// replica makes it forgotten, see `forget_node`).
     pub async fn node_identity(&self, node_id: i64) -> Result<NodeIdentity, ApiError> {
         if let Some(found) = self.nodes.lock().expect("node cache lock").get(&node_id) {
             return Ok(found.clone());

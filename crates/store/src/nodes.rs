@@ -216,6 +216,36 @@ impl Store {
         Ok(())
     }
 
+    /// Replaces a node's public key, if it is still `old` (a rotation signed by the old key).
+    /// False when the node's key is no longer `old`; `Conflict` when another node has `new`.
+    pub async fn rotate_node_key(&self, id: i64, old: &str, new: &str, now: i64) -> Result<bool> {
+        let done =
+            sqlx::query("UPDATE nodes SET public_key = $1, key_rotated_at = $2 WHERE id = $3 AND public_key = $4")
+                .bind(new)
+                .bind(now)
+                .bind(id)
+                .bind(old)
+                .execute(&self.pool)
+                .await
+                .map_err(|error| {
+                    if crate::accounts::is_unique_violation(&error) {
+                        StoreError::Conflict("a node with this public key".to_string())
+                    } else {
+                        error.into()
+                    }
+                })?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Nodes whose key was rotated at or after `since`.
+    pub async fn keys_rotated_since(&self, since: i64) -> Result<Vec<i64>> {
+        let rows = sqlx::query("SELECT id FROM nodes WHERE key_rotated_at >= $1 ORDER BY id")
+            .bind(since)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|row| Ok(row.try_get("id")?)).collect()
+    }
+
     /// Online nodes whose last heartbeat is older than `cutoff`.
     pub async fn silent_nodes(&self, cutoff: i64) -> Result<Vec<i64>> {
         let rows = sqlx::query(

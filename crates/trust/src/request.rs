@@ -115,6 +115,11 @@ impl NodeKey {
     }
 }
 
+/// A public key as 64 lowercase hex chars, as registered with the coordinator.
+pub fn public_key_hex(key: &VerifyingKey) -> String {
+    hex::encode(key.as_bytes())
+}
+
 /// A fresh request nonce: 16 random bytes as 32 lowercase hex chars.
 pub fn new_nonce() -> String {
     hex::encode(crate::random_bytes::<NONCE_BYTES>())
