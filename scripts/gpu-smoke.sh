@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# GPU smoke test: on a machine with an NVIDIA GPU and python3 with PyTorch, starts a coordinator
+# and an agent (process executor), checks that the agent reports the GPUs nvidia-smi sees (model,
+# count, not simulated), and runs a real GPU job through the market: a bf16 matrix product on
+# one GPU. Prints what it found; exits non-zero on any mismatch.
+#
+# Usage: scripts/gpu-smoke.sh            (builds the release binary first)
+#        FALLOW_BIN=path/to/fallow scripts/gpu-smoke.sh
+# FALLOW_SMOKE_SIMULATE=1 runs the same plumbing with simulated GPUs and a job that only prints,
+# to check the script itself on a machine without a GPU; that run proves nothing about GPUs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+simulate=${FALLOW_SMOKE_SIMULATE:-0}
+fail() { echo "gpu-smoke: FAIL: $*" >&2; exit 1; }
+say() { echo "gpu-smoke: $*"; }
+
+if [ -z "${FALLOW_BIN:-}" ]; then
+  cargo build --release -p fallow >&2
+  FALLOW_BIN=target/release/fallow
+fi
+command -v python3 >/dev/null || fail "python3 is needed"
+json() { python3 -c "import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1], {'d': d}))" "$1"; }
+
+if [ "$simulate" != 1 ]; then
+  command -v nvidia-smi >/dev/null || fail "nvidia-smi is not on PATH: this needs an NVIDIA GPU"
+  smi_names=$(nvidia-smi --query-gpu=name --format=csv,noheader)
+  smi_count=$(printf '%s\n' "$smi_names" | grep -c .)
+  say "nvidia-smi sees $smi_count GPU(s): $(printf '%s' "$smi_names" | sort -u | tr '\n' ';')"
+  python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null \
+    || fail "python3 cannot use CUDA through PyTorch"
+fi
+
+work=$(mktemp -d)
+port=${FALLOW_SMOKE_PORT:-7499}
+url=http://127.0.0.1:$port
+pids=()
+cleanup() { for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+"$FALLOW_BIN" server --data-dir "$work/coordinator" --listen "127.0.0.1:$port" --heartbeat-interval-ms 1000 \
+  >"$work/coordinator.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [ -f "$work/coordinator/admin.key" ] && curl -fs "$url/v1/health" >/dev/null && break; sleep 0.1; done
+admin=$(cat "$work/coordinator/admin.key")
+auth() { printf 'authorization: Bearer %s' "$1"; }
+post() { curl -fsS -H 'content-type: application/json' -H "$(auth "$1")" -d "$3" "$url$2"; }
+get() { curl -fsS -H "$(auth "$1")" "$url$2"; }
+
+tenant=$(post "$admin" /v1/admin/accounts '{"role":"tenant","name":"smoke-tenant"}')
+provider=$(post "$admin" /v1/admin/accounts '{"role":"provider","name":"smoke-provider"}')
+tenant_key=$(printf '%s' "$tenant" | json "d['api_key']['api_key']")
+tenant_id=$(printf '%s' "$tenant" | json "d['account']['id']")
+provider_key=$(printf '%s' "$provider" | json "d['api_key']['api_key']")
+post "$admin" /v1/admin/credits "{\"account_id\": $tenant_id, \"amount\": \"100.00\", \"key\": \"smoke\"}" >/dev/null
+
+agent_args=(agent --coordinator "$url" --provider-key "$provider_key" --data-dir "$work/agent" --executor process
+  --usage-every-s 2 --grace-s 5 --asks gold=9.00,silver=8.00,bronze=7.00)
+[ "$simulate" = 1 ] && agent_args+=(--simulate-gpus H100-SXM5:1)
+"$FALLOW_BIN" "${agent_args[@]}" >"$work/agent.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [ -f "$work/agent/node.json" ] && break; sleep 0.1; done
+[ -f "$work/agent/node.json" ] || { cat "$work/agent.log" >&2; fail "the agent did not register"; }
+node_id=$(json "d['node_id']" <"$work/agent/node.json")
+node=$(get "$provider_key" "/v1/nodes/$node_id")
+model=$(printf '%s' "$node" | json "d['gpu_model']")
+count=$(printf '%s' "$node" | json "d['gpu_count']")
+simulated=$(printf '%s' "$node" | json "d['simulated']")
+say "the agent registered node $node_id: $count x $model, simulated=$simulated"
+if [ "$simulate" != 1 ]; then
+  [ "$simulated" = False ] || fail "the node is marked simulated on a machine with GPUs"
+  [ "$count" = "$smi_count" ] || fail "the agent reports $count GPUs, nvidia-smi $smi_count"
+fi
+
+if [ "$simulate" = 1 ]; then
+  job_program=/bin/sh
+  job_args='["-c", "echo bf16 matmul ok simulated"]'
+else
+  job_program=$(command -v python3)
+  job_args='["-c", "import torch; n = 8192; a = torch.randn(n, n, dtype=torch.bfloat16, device=\"cuda\"); torch.cuda.synchronize(); import time; t = time.time(); b = a @ a; torch.cuda.synchronize(); s = time.time() - t; print(\"bf16 matmul ok\", torch.cuda.get_device_name(0), \"%.1f TFLOPS\" % (2 * n ** 3 / s / 1e12), \"mean\", float(b.float().abs().mean()))"]'
+fi
+job=$(post "$tenant_key" /v1/jobs "{\"name\": \"gpu-smoke\", \"image\": \"$job_program\", \"command\": $job_args,
+  \"env\": {\"LD_LIBRARY_PATH\": \"${LD_LIBRARY_PATH:-}\"}, \"gpus\": 1, \"tier\": \"silver\",
+  \"max_price_per_gpu_hour\": \"10.00\", \"max_runtime_s\": 600}")
+job_id=$(printf '%s' "$job" | json "d['id']")
+say "submitted job $job_id"
+state=queued
+for _ in $(seq 600); do
+  state=$(get "$tenant_key" "/v1/jobs/$job_id" | json "d['state']")
+  case $state in finished|failed|cancelled) break ;; esac
+  sleep 0.5
+done
+logs=$(get "$tenant_key" "/v1/jobs/$job_id/logs" | json "''.join(c['text'] for c in d['chunks'])")
+say "job $job_id ended $state; its output:"
+printf '%s\n' "$logs" | sed 's/^/    /'
+[ "$state" = finished ] || { tail -20 "$work/agent.log" >&2; fail "the job did not finish"; }
+printf '%s' "$logs" | grep -q "bf16 matmul ok" || fail "the job's output lacks the result"
+say "PASS"
