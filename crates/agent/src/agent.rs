@@ -109,8 +109,12 @@ pub struct Agent<E: Executor> {
     executor: Arc<E>,
     inventory: Inventory,
     runs: HashMap<i64, Run<E::Handle>>,
-    /// Replicas being stopped in the background, by lease id.
-    stopping: HashMap<i64, tokio::task::JoinHandle<Option<Exit>>>,
+    /// Replicas being stopped in the background, by lease id, with the GPUs they still hold.
+    stopping: HashMap<i64, (Vec<u8>, tokio::task::JoinHandle<Option<Exit>>)>,
+    /// The coordinator's last lease set.
+    wanted: Vec<AgentLease>,
+    /// A lease of `wanted` waits for its GPUs to be free (a preempted replica in its grace).
+    launch_waiting: bool,
     /// The last time the coordinator answered (a heartbeat or a lease poll).
     contact: tokio::sync::watch::Sender<tokio::time::Instant>,
     /// The coordinator's heartbeat timeout, from its last heartbeat answer.
@@ -185,6 +189,8 @@ impl<E: Executor> Agent<E> {
             inventory,
             runs: HashMap::new(),
             stopping: HashMap::new(),
+            wanted: Vec::new(),
+            launch_waiting: false,
             contact: tokio::sync::watch::Sender::new(tokio::time::Instant::now()),
             heartbeat_timeout: None,
         })
@@ -284,7 +290,7 @@ impl<E: Executor> Agent<E> {
                 self.executor.clean_up(&run.spec).await;
             }
         }
-        for (_, stopping) in self.stopping.drain() {
+        for (_, (_, stopping)) in self.stopping.drain() {
             let _ = stopping.await;
         }
         self.save_runs();
@@ -312,17 +318,30 @@ impl<E: Executor> Agent<E> {
                 self.stop_in_background(run, self.config.grace);
             }
         }
+        self.wanted = leases.to_vec();
+        self.launch_waiting = false;
+        // GPUs still held: by running replicas (a preempted one in its grace period among them)
+        // and by replicas being stopped. A new lease on them waits until they are free.
+        let mut busy: Vec<u8> = self
+            .runs
+            .values()
+            .flat_map(|run| run.lease.lease.gpu_indices.iter().copied())
+            .chain(self.stopping.values().flat_map(|(gpus, _)| gpus.iter().copied()))
+            .collect();
         for lease in leases {
             let id = lease.lease.id;
             if let Some(run) = self.runs.get_mut(&id) {
                 run.lease = lease.clone();
                 continue;
             }
-            if self.stopping.contains_key(&id)
-                || !matches!(lease.lease.state.as_str(), "pending" | "staging" | "running")
-            {
+            if !matches!(lease.lease.state.as_str(), "pending" | "staging" | "running") {
                 continue;
             }
+            if self.stopping.contains_key(&id) || lease.lease.gpu_indices.iter().any(|gpu| busy.contains(gpu)) {
+                self.launch_waiting = true;
+                continue;
+            }
+            busy.extend(lease.lease.gpu_indices.iter().copied());
             self.launch(lease).await;
         }
         self.save_runs();
@@ -408,13 +427,17 @@ impl<E: Executor> Agent<E> {
     fn stop_in_background(&mut self, run: Run<E::Handle>, grace: Duration) {
         let executor = self.executor.clone();
         let id = run.lease.lease.id;
+        let gpus = run.lease.lease.gpu_indices.clone();
         self.stopping.insert(
             id,
-            tokio::spawn(async move {
-                let exit = executor.stop(&run.handle, grace).await.ok();
-                executor.clean_up(&run.spec).await;
-                exit
-            }),
+            (
+                gpus,
+                tokio::spawn(async move {
+                    let exit = executor.stop(&run.handle, grace).await.ok();
+                    executor.clean_up(&run.spec).await;
+                    exit
+                }),
+            ),
         );
     }
 
@@ -443,7 +466,11 @@ impl<E: Executor> Agent<E> {
     /// Meters usage, notices ends, and starts the grace period of preempted replicas.
     async fn tend(&mut self) {
         self.fence_if_cut_off();
-        self.stopping.retain(|_, task| !task.is_finished());
+        self.stopping.retain(|_, (_, task)| !task.is_finished());
+        if self.launch_waiting {
+            let wanted = self.wanted.clone();
+            self.reconcile(&wanted).await;
+        }
         let now = now_ms();
         let ids: Vec<i64> = self.runs.keys().copied().collect();
         for id in ids {

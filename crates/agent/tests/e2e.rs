@@ -35,19 +35,19 @@ async fn call(world: &World, key: &str, method: reqwest::Method, path: &str, bod
 }
 
 async fn world() -> World {
-    world_with_timeout(server::Config::default().heartbeat_timeout_ms).await
+    world_with(|_| {}).await
 }
 
-async fn world_with_timeout(heartbeat_timeout_ms: u64) -> World {
+async fn world_with(configure: impl FnOnce(&mut server::Config)) -> World {
     let dir = unique("fallow-agent-e2e");
     std::fs::create_dir_all(&dir).unwrap();
-    let config = server::Config {
+    let mut config = server::Config {
         listen: "127.0.0.1:0".into(),
         data_dir: dir.join("coordinator"),
         heartbeat_interval_ms: 500,
-        heartbeat_timeout_ms,
         ..server::Config::default()
     };
+    configure(&mut config);
     let database = format!("sqlite://{}", dir.join("fallow.db").display());
     let running = server::start(&database, config).await.expect("the coordinator starts");
     let admin = std::fs::read_to_string(dir.join("coordinator").join(server::ADMIN_KEY_FILE))
@@ -471,7 +471,7 @@ impl Proxy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn e2e_a_cut_off_agent_stops_its_replica_before_the_lease_moves_so_the_job_never_runs_twice() {
-    let world = world_with_timeout(3_000).await;
+    let world = world_with(|config| config.heartbeat_timeout_ms = 3_000).await;
     let proxy = Proxy::to(&world.base).await;
     let (cut_node, cut_stop, cut_task) =
         start_agent_with(agent_config_via(&world, "cut-off", &proxy.url), ProcessExecutor).await;
@@ -593,6 +593,76 @@ async fn e2e_a_rotated_key_replaces_the_old_one() {
     let (_, stop, task) = start_agent(&world, "rotor", ProcessExecutor).await;
     let id = submit(&world, job("after-rotation", "true")).await;
     wait_for_job(&world, id, "finished").await;
+    let _ = stop.send(true);
+    task.await.unwrap();
+    world.running.stop().await;
+    let _ = std::fs::remove_dir_all(&world.dir);
+}
+
+/// Reads a file a job wrote holding a time in nanoseconds (`date +%s%N`).
+async fn read_nanos(path: &std::path::Path, what: &str) -> u128 {
+    let start = Instant::now();
+    loop {
+        if let Some(nanos) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.trim().parse::<u128>().ok())
+        {
+            return nanos;
+        }
+        assert!(start.elapsed() < DEADLINE, "{what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_gold_starts_only_when_the_preempted_bronze_replica_has_left_its_gpus() {
+    let world = world_with(|config| config.matcher.preemption_grace_s = 3).await;
+    let (node_id, stop, task) = start_agent(&world, "shared", ProcessExecutor).await;
+    let marks = world.dir.join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let bronze = json!({
+        "name": "bronze-sweep",
+        "image": "/bin/sh",
+        "command": ["-c", format!(
+            "trap 'sleep 1; date +%s%N > {0}/bronze-end; exit 0' TERM; date +%s%N > {0}/bronze-start; while true; do sleep 0.1; done",
+            marks.display()
+        )],
+        "gpus": 2,
+        "tier": "bronze",
+        "preemptible": true,
+        "max_price_per_gpu_hour": "5.00",
+        "max_runtime_s": 600,
+    });
+    let bronze_id = submit(&world, bronze).await;
+    read_nanos(&marks.join("bronze-start"), "bronze never started").await;
+    let gold = json!({
+        "name": "gold-train",
+        "image": "/bin/sh",
+        "command": ["-c", format!("date +%s%N > {}/gold-start; sleep 1", marks.display())],
+        "gpus": 2,
+        "tier": "gold",
+        "max_price_per_gpu_hour": "5.00",
+        "max_runtime_s": 600,
+    });
+    let gold_id = submit(&world, gold).await;
+    let gold_start = read_nanos(&marks.join("gold-start"), "gold never started").await;
+    let bronze_end = read_nanos(&marks.join("bronze-end"), "bronze never saw SIGTERM").await;
+    assert!(
+        gold_start >= bronze_end,
+        "gold started {} ms before bronze left the GPUs",
+        (bronze_end - gold_start) / 1_000_000
+    );
+    let finished = wait_for_job(&world, gold_id, "finished").await;
+    assert_eq!(finished["leases"][0]["node_id"], node_id);
+    let (_, bronze_view) = call(
+        &world,
+        &world.tenant_key,
+        reqwest::Method::GET,
+        &format!("/v1/jobs/{bronze_id}"),
+        None,
+    )
+    .await;
+    assert_ne!(bronze_view["leases"][0]["state"], "running", "{bronze_view}");
     let _ = stop.send(true);
     task.await.unwrap();
     world.running.stop().await;
