@@ -1,5 +1,5 @@
 //! The agent's loop: register once, then heartbeat with telemetry, follow the lease set by
-//! long-poll, start replicas of new leases, stop those whose leases ended or moved to a newer
+//! long-poll (versioned; heartbeat answers are not used for it), start replicas of new leases, stop those whose leases ended or moved to a newer
 //! epoch, stop preempted ones in their grace period, meter usage into signed records, and attest
 //! each replica's end.
 
@@ -115,6 +115,9 @@ pub struct Agent<E: Executor> {
     wanted: Vec<AgentLease>,
     /// A lease of `wanted` waits for its GPUs to be free (a preempted replica in its grace).
     launch_waiting: bool,
+    /// Leases (id, epoch) whose replica ended here: never started again, though the
+    /// coordinator may list them until it ends them (a preempted one, until `preempt_at`).
+    ended: std::collections::HashSet<(i64, i64)>,
     /// The last time the coordinator answered (a heartbeat or a lease poll).
     contact: tokio::sync::watch::Sender<tokio::time::Instant>,
     /// The coordinator's heartbeat timeout, from its last heartbeat answer.
@@ -191,6 +194,7 @@ impl<E: Executor> Agent<E> {
             stopping: HashMap::new(),
             wanted: Vec::new(),
             launch_waiting: false,
+            ended: std::collections::HashSet::new(),
             contact: tokio::sync::watch::Sender::new(tokio::time::Instant::now()),
             heartbeat_timeout: None,
         })
@@ -270,7 +274,9 @@ impl<E: Executor> Agent<E> {
                             heartbeat_every = Duration::from_millis(answer.heartbeat_interval_ms.max(100));
                             self.heartbeat_timeout = (answer.heartbeat_timeout_ms > 0)
                                 .then(|| Duration::from_millis(answer.heartbeat_timeout_ms));
-                            self.reconcile(&answer.leases).await;
+                            // The lease set comes from the long poll alone: it is versioned,
+                            // while a heartbeat answered late may carry an older set, which
+                            // would stop a replica the newer one just started.
                         }
                         Err(error) => tracing::warn!(%error, "heartbeat failed"),
                     }
@@ -320,6 +326,10 @@ impl<E: Executor> Agent<E> {
         }
         self.wanted = leases.to_vec();
         self.launch_waiting = false;
+        // Once the coordinator no longer lists a lease, it need not be remembered as ended.
+        let listed: std::collections::HashSet<(i64, i64)> =
+            leases.iter().map(|lease| (lease.lease.id, lease.lease.epoch)).collect();
+        self.ended.retain(|lease| listed.contains(lease));
         // GPUs still held: by running replicas (a preempted one in its grace period among them)
         // and by replicas being stopped. A new lease on them waits until they are free.
         let mut busy: Vec<u8> = self
@@ -334,7 +344,9 @@ impl<E: Executor> Agent<E> {
                 run.lease = lease.clone();
                 continue;
             }
-            if !matches!(lease.lease.state.as_str(), "pending" | "staging" | "running") {
+            if !matches!(lease.lease.state.as_str(), "pending" | "staging" | "running")
+                || self.ended.contains(&(id, lease.lease.epoch))
+            {
                 continue;
             }
             if self.stopping.contains_key(&id) || lease.lease.gpu_indices.iter().any(|gpu| busy.contains(gpu)) {
@@ -575,7 +587,8 @@ impl<E: Executor> Agent<E> {
     }
 
     /// A replica ended on its own (or in its grace period): its last usage, then the
-    /// attestation, which ends the lease as finished (exit 0) or failed.
+    /// attestation, which ends the lease as finished (exit 0) or failed; a preempted replica
+    /// that did not finish its work is left for the coordinator to end as preempted.
     async fn finish(&mut self, run: Run<E::Handle>, exit: Exit) {
         let id = run.lease.lease.id;
         let now = now_ms();
@@ -585,6 +598,15 @@ impl<E: Executor> Agent<E> {
         tokio::time::sleep(LOG_SETTLE).await;
         while self.ship_log(id).await {}
         let Some(run) = self.runs.remove(&id) else { return };
+        self.ended.insert((id, run.lease.lease.epoch));
+        if run.stopping && exit.code != 0 {
+            // Stopped for a preemption: the coordinator ends the lease as preempted at its
+            // `preempt_at` and queues the job again; a failure attested now would fail the job.
+            tracing::info!(lease = id, exit = exit.code, "preempted replica stopped");
+            self.executor.clean_up(&run.spec).await;
+            self.save_runs();
+            return;
+        }
         let attestation = trust::Attestation {
             lease_id: id,
             epoch: run.lease.lease.epoch,

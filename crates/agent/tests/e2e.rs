@@ -276,9 +276,13 @@ async fn read_pid(path: &std::path::Path, what: &str) -> i32 {
     }
 }
 
+/// Whether process `pid` runs: it exists and is not a zombie (a killed child of this test
+/// process whose handle was dropped is reaped only when the runtime gets to it).
 fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only asks whether the process exists.
-    unsafe { libc::kill(pid, 0) == 0 }
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -663,6 +667,76 @@ async fn e2e_gold_starts_only_when_the_preempted_bronze_replica_has_left_its_gpu
     )
     .await;
     assert_ne!(bronze_view["leases"][0]["state"], "running", "{bronze_view}");
+    let _ = stop.send(true);
+    task.await.unwrap();
+    world.running.stop().await;
+    let _ = std::fs::remove_dir_all(&world.dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_a_preempted_job_resumes_from_its_checkpoint() {
+    let world = world_with(|config| config.matcher.preemption_grace_s = 2).await;
+    let (_, stop, task) = start_agent(&world, "resumer", ProcessExecutor).await;
+    let marks = world.dir.join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    // Counts to 30 in steps of 0.1 s, saving its count on SIGTERM and starting from the saved
+    // count when it runs again.
+    let script = format!(
+        "c=$(cat \"$FALLOW_CHECKPOINT_DIR/count\" 2>/dev/null || echo 0); echo \"start $c\" >> {0}/runs; \
+         trap 'echo $c > \"$FALLOW_CHECKPOINT_DIR/count\"; exit 143' TERM; \
+         while [ $c -lt 30 ]; do c=$((c + 1)); sleep 0.1; done; echo done > {0}/done",
+        marks.display()
+    );
+    let bronze = json!({
+        "name": "resumable",
+        "image": "/bin/sh",
+        "command": ["-c", script],
+        "gpus": 2,
+        "tier": "bronze",
+        "preemptible": true,
+        "checkpoint_dir": "/checkpoint",
+        "max_price_per_gpu_hour": "5.00",
+        "max_runtime_s": 600,
+    });
+    let bronze_id = submit(&world, bronze).await;
+    let start = Instant::now();
+    while !std::fs::read_to_string(marks.join("runs"))
+        .unwrap_or_default()
+        .contains("start 0")
+    {
+        assert!(start.elapsed() < DEADLINE, "the bronze job never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let gold = json!({
+        "name": "urgent",
+        "image": "/bin/sh",
+        "command": ["-c", "sleep 0.5"],
+        "gpus": 2,
+        "tier": "gold",
+        "max_price_per_gpu_hour": "5.00",
+        "max_runtime_s": 600,
+    });
+    let gold_id = submit(&world, gold).await;
+    wait_for_job(&world, gold_id, "finished").await;
+    let finished = wait_for_job(&world, bronze_id, "finished").await;
+    let runs = std::fs::read_to_string(marks.join("runs")).unwrap();
+    let starts: Vec<i64> = runs
+        .lines()
+        .filter_map(|line| line.strip_prefix("start ")?.parse().ok())
+        .collect();
+    assert_eq!(starts.len(), 2, "preempted once, run twice: {runs:?} {finished}");
+    assert!(
+        starts[1] > 0,
+        "the second run resumed from the saved count, not from zero: {runs:?}"
+    );
+    let states: Vec<&str> = finished["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|lease| lease["state"].as_str())
+        .collect();
+    assert_eq!(states, vec!["preempted", "finished"], "{finished}");
     let _ = stop.send(true);
     task.await.unwrap();
     world.running.stop().await;
