@@ -47,6 +47,8 @@ pub struct AgentConfig {
     pub usage_every: Duration,
     /// SIGTERM comes this long before a preempted replica must be gone.
     pub grace: Duration,
+    /// Whether jobs may name datasets by `file://` URL (tests, air-gapped sites); off by default.
+    pub allow_file_datasets: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +120,9 @@ pub struct Agent<E: Executor> {
     /// Leases (id, epoch) whose replica ended here: never started again, though the
     /// coordinator may list them until it ends them (a preempted one, until `preempt_at`).
     ended: std::collections::HashSet<(i64, i64)>,
+    datasets: crate::datasets::DatasetCache,
+    /// Fetches datasets.
+    http: reqwest::Client,
     /// The last time the coordinator answered (a heartbeat or a lease poll).
     contact: tokio::sync::watch::Sender<tokio::time::Instant>,
     /// The coordinator's heartbeat timeout, from its last heartbeat answer.
@@ -183,6 +188,7 @@ impl<E: Executor> Agent<E> {
                 node.id
             }
         };
+        let datasets = crate::datasets::DatasetCache::new(config.data_dir.join("datasets"), config.allow_file_datasets);
         Ok(Agent {
             config,
             key,
@@ -192,6 +198,8 @@ impl<E: Executor> Agent<E> {
             inventory,
             runs: HashMap::new(),
             stopping: HashMap::new(),
+            datasets,
+            http: reqwest::Client::new(),
             wanted: Vec::new(),
             launch_waiting: false,
             ended: std::collections::HashSet::new(),
@@ -265,7 +273,7 @@ impl<E: Executor> Agent<E> {
                     let beat = HeartbeatRequest {
                         gpus: self.inventory.telemetry(),
                         fingerprint: Some(self.inventory.fingerprint()),
-                        datasets: None,
+                        datasets: Some(self.datasets.digests()),
                         over_limit: false,
                     };
                     match self.client.heartbeat(&self.key, self.node_id, &beat).await {
@@ -397,10 +405,21 @@ impl<E: Executor> Agent<E> {
                     .join(lease.lease.job_id.to_string())
             }),
             log_path: lease_dir.join("output.log"),
+            datasets_dir: (!job.datasets.is_empty()).then(|| self.datasets.dir().to_path_buf()),
         };
         if let Err(error) = self.report(lease, "staging", None, "").await {
             tracing::warn!(lease = id, %error, "could not report staging; not starting");
             return;
+        }
+        for dataset in &job.datasets {
+            if let Err(error) = self.datasets.fetch(&self.http, dataset).await {
+                tracing::warn!(lease = id, %error, "a dataset could not be staged");
+                self.ended.insert((id, lease.lease.epoch));
+                if let Err(report) = self.report(lease, "failed", None, &error.to_string()).await {
+                    tracing::warn!(lease = id, error = %report, "could not report the failure");
+                }
+                return;
+            }
         }
         match self.executor.start(&spec).await {
             Ok(handle) => {

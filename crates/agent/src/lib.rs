@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod client;
+pub mod datasets;
 pub mod exec;
 pub mod gpu;
 pub mod state;

@@ -116,6 +116,7 @@ fn agent_config_via(world: &World, name: &str, coordinator: &str) -> AgentConfig
         },
         usage_every: Duration::from_millis(500),
         grace: Duration::from_secs(2),
+        allow_file_datasets: true,
     }
 }
 
@@ -737,6 +738,45 @@ async fn e2e_a_preempted_job_resumes_from_its_checkpoint() {
         .filter_map(|lease| lease["state"].as_str())
         .collect();
     assert_eq!(states, vec!["preempted", "finished"], "{finished}");
+    let _ = stop.send(true);
+    task.await.unwrap();
+    world.running.stop().await;
+    let _ = std::fs::remove_dir_all(&world.dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_datasets_are_verified_before_the_job_starts() {
+    let world = world().await;
+    let (_, stop, task) = start_agent(&world, "library", ProcessExecutor).await;
+    let source = world.dir.join("corpus.txt");
+    std::fs::write(&source, "the quick brown fox\n").unwrap();
+    let digest = format!("blake3:{}", blake3::hash(b"the quick brown fox\n").to_hex());
+    let file = digest.replace(':', "-");
+    let with_dataset = |digest: &str| {
+        let mut request = job("reads-data", &format!("cat \"$FALLOW_DATASETS_DIR/{file}\""));
+        request["datasets"] =
+            json!([{"url": format!("file://{}", source.display()), "digest": digest, "size_bytes": 20}]);
+        request
+    };
+    let good = submit(&world, with_dataset(&digest)).await;
+    wait_for_job(&world, good, "finished").await;
+    let (_, logs) = call(
+        &world,
+        &world.tenant_key,
+        reqwest::Method::GET,
+        &format!("/v1/jobs/{good}/logs"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        logs["chunks"][0]["text"], "the quick brown fox\n",
+        "the job read its dataset: {logs}"
+    );
+    let wrong = format!("blake3:{}", "0".repeat(64));
+    let bad = submit(&world, with_dataset(&wrong)).await;
+    let failed = wait_for_job(&world, bad, "failed").await;
+    let reason = failed["leases"][0]["end_reason"].as_str().unwrap_or("");
+    assert!(reason.contains("does not match"), "the reason says why: {failed}");
     let _ = stop.send(true);
     task.await.unwrap();
     world.running.stop().await;

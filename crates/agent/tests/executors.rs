@@ -33,6 +33,7 @@ fn spec(image: &str, script: &str) -> RunSpec {
         scratch_dir: dir.join("scratch"),
         checkpoint_dir: Some(dir.join("checkpoint")),
         log_path: dir.join("output.log"),
+        datasets_dir: None,
     }
 }
 

@@ -46,6 +46,10 @@ pub struct AgentArgs {
     /// Seconds between SIGTERM and SIGKILL when a replica must stop.
     #[arg(long, default_value_t = 30)]
     grace_s: u64,
+    /// Let jobs name datasets by file:// URL (tests, air-gapped sites): a job could then read
+    /// any file of this host whose digest it knows.
+    #[arg(long)]
+    allow_file_datasets: bool,
     /// How replicas run: in Docker containers (the Docker Engine on this host), or as processes
     /// (bare metal: `image` is the program).
     #[arg(long, value_enum, default_value_t = ExecutorKind::Docker)]
@@ -156,6 +160,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         },
         usage_every: std::time::Duration::from_secs(args.usage_every_s.max(1)),
         grace: std::time::Duration::from_secs(args.grace_s),
+        allow_file_datasets: args.allow_file_datasets,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {

@@ -126,6 +126,9 @@ impl Executor for DockerExecutor {
             std::fs::create_dir_all(dir).map_err(|error| ExecError::Start(format!("{}: {error}", dir.display())))?;
             binds.push(format!("{}:/checkpoint", dir.display()));
         }
+        if let Some(dir) = &spec.datasets_dir {
+            binds.push(format!("{}:/datasets:ro", dir.display()));
+        }
         let devices = spec.gpu_indices.iter().map(u8::to_string).collect::<Vec<_>>();
         let device_requests = (self.real_gpus && !devices.is_empty()).then(|| {
             vec![DeviceRequest {
@@ -141,6 +144,9 @@ impl Executor for DockerExecutor {
         env.push("FALLOW_SCRATCH_DIR=/scratch".into());
         if spec.checkpoint_dir.is_some() {
             env.push("FALLOW_CHECKPOINT_DIR=/checkpoint".into());
+        }
+        if spec.datasets_dir.is_some() {
+            env.push("FALLOW_DATASETS_DIR=/datasets".into());
         }
         let memory = i64::try_from(spec.memory_mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX);
         let host_config = HostConfig {

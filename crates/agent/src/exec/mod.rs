@@ -31,6 +31,9 @@ pub struct RunSpec {
     pub checkpoint_dir: Option<PathBuf>,
     /// Where the replica's output goes (stdout and stderr, interleaved).
     pub log_path: PathBuf,
+    /// The dataset cache, when the job asked for datasets (read-only for the replica where the
+    /// executor can enforce it).
+    pub datasets_dir: Option<PathBuf>,
 }
 
 /// How a replica ended.

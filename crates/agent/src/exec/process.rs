@@ -146,6 +146,9 @@ impl Executor for ProcessExecutor {
         if let Some(dir) = &spec.checkpoint_dir {
             command.env("FALLOW_CHECKPOINT_DIR", dir);
         }
+        if let Some(dir) = &spec.datasets_dir {
+            command.env("FALLOW_DATASETS_DIR", dir);
+        }
         let data_bytes = spec.memory_mib.saturating_mul(1 << 20);
         // SAFETY: only async-signal-safe calls (setrlimit) run between fork and exec.
         unsafe {

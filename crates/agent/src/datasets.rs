@@ -1,0 +1,267 @@
+//! The dataset cache: content-addressed files (`blake3-<hex>`, `sha256-<hex>`) fetched by URL
+//! before a job starts and verified by digest; a mismatch fails the lease with the reason. Its
+//! contents go into every heartbeat, so the matcher can prefer nodes that hold a job's data.
+
+use std::path::{Path, PathBuf};
+
+use api::DatasetRequest;
+use sha2::Digest;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum DatasetError {
+    #[error("dataset digest {0:?} is not blake3:<64 hex> or sha256:<64 hex>")]
+    BadDigest(String),
+    #[error("dataset {url}: {message}")]
+    Fetch { url: String, message: String },
+    #[error("dataset {url}: its content does not match digest {wanted}")]
+    Mismatch { url: String, wanted: String },
+    #[error("dataset {url}: more than the {size_bytes} bytes announced")]
+    TooLarge { url: String, size_bytes: u64 },
+}
+
+/// A digest, checked: the algorithm and 64 lowercase hex characters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContentDigest {
+    algorithm: &'static str,
+    hex: String,
+}
+
+impl ContentDigest {
+    pub fn parse(text: &str) -> Result<ContentDigest, DatasetError> {
+        let bad = || DatasetError::BadDigest(text.to_string());
+        let (algorithm, hex) = text.split_once(':').ok_or_else(bad)?;
+        let algorithm = match algorithm {
+            "blake3" => "blake3",
+            "sha256" => "sha256",
+            _ => return Err(bad()),
+        };
+        if hex.len() != 64
+            || !hex
+                .bytes()
+                .all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte))
+        {
+            return Err(bad());
+        }
+        Ok(ContentDigest {
+            algorithm,
+            hex: hex.to_string(),
+        })
+    }
+
+    /// The cache's file name, e.g. `blake3-<hex>`.
+    pub fn file_name(&self) -> String {
+        format!("{}-{}", self.algorithm, self.hex)
+    }
+}
+
+impl std::fmt::Display for ContentDigest {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "{}:{}", self.algorithm, self.hex)
+    }
+}
+
+enum Hasher {
+    Blake3(Box<blake3::Hasher>),
+    Sha256(sha2::Sha256),
+}
+
+impl Hasher {
+    fn new(algorithm: &str) -> Hasher {
+        if algorithm == "blake3" {
+            Hasher::Blake3(Box::new(blake3::Hasher::new()))
+        } else {
+            Hasher::Sha256(sha2::Sha256::new())
+        }
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        match self {
+            Hasher::Blake3(hasher) => {
+                hasher.update(bytes);
+            }
+            Hasher::Sha256(hasher) => hasher.update(bytes),
+        }
+    }
+
+    fn hex(self) -> String {
+        match self {
+            Hasher::Blake3(hasher) => hasher.finalize().to_hex().to_string(),
+            Hasher::Sha256(hasher) => hex::encode(hasher.finalize()),
+        }
+    }
+}
+
+/// The cache directory.
+#[derive(Clone, Debug)]
+pub struct DatasetCache {
+    dir: PathBuf,
+    /// Whether `file://` URLs may be read (off by default: a tenant must not make the agent
+    /// copy files of the provider's host into a job).
+    allow_files: bool,
+}
+
+impl DatasetCache {
+    pub fn new(dir: PathBuf, allow_files: bool) -> DatasetCache {
+        DatasetCache { dir, allow_files }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The digests the cache holds, sorted.
+    pub fn digests(&self) -> Vec<String> {
+        let mut digests: Vec<String> = std::fs::read_dir(&self.dir)
+            .map(|entries| {
+                entries
+                    .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+                    .filter_map(|name| {
+                        let (algorithm, hex) = name.split_once('-')?;
+                        ContentDigest::parse(&format!("{algorithm}:{hex}"))
+                            .ok()
+                            .map(|digest| digest.to_string())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        digests.sort();
+        digests
+    }
+
+    /// The dataset's file in the cache, fetched and verified first if it is not there yet.
+    pub async fn fetch(&self, http: &reqwest::Client, dataset: &DatasetRequest) -> Result<PathBuf, DatasetError> {
+        use tokio::io::AsyncWriteExt;
+        let digest = ContentDigest::parse(&dataset.digest)?;
+        let path = self.dir.join(digest.file_name());
+        if path.is_file() {
+            return Ok(path);
+        }
+        let fail = |message: String| DatasetError::Fetch {
+            url: dataset.url.clone(),
+            message,
+        };
+        tokio::fs::create_dir_all(&self.dir)
+            .await
+            .map_err(|error| fail(format!("{}: {error}", self.dir.display())))?;
+        let partial = self.dir.join(format!(".{}.partial", digest.file_name()));
+        let mut file = tokio::fs::File::create(&partial)
+            .await
+            .map_err(|error| fail(format!("{}: {error}", partial.display())))?;
+        let mut hasher = Hasher::new(digest.algorithm);
+        let mut written: u64 = 0;
+        let limit = (dataset.size_bytes > 0).then_some(dataset.size_bytes);
+        let result: Result<(), DatasetError> = async {
+            let mut write = async |bytes: &[u8]| -> Result<(), DatasetError> {
+                written += bytes.len() as u64;
+                if limit.is_some_and(|limit| written > limit) {
+                    return Err(DatasetError::TooLarge {
+                        url: dataset.url.clone(),
+                        size_bytes: dataset.size_bytes,
+                    });
+                }
+                hasher.update(bytes);
+                file.write_all(bytes).await.map_err(|error| fail(error.to_string()))
+            };
+            if let Some(local) = dataset.url.strip_prefix("file://") {
+                if !self.allow_files {
+                    return Err(fail("file:// URLs are not allowed on this node".into()));
+                }
+                let bytes = tokio::fs::read(local).await.map_err(|error| fail(error.to_string()))?;
+                write(&bytes).await?;
+            } else if dataset.url.starts_with("http://") || dataset.url.starts_with("https://") {
+                let mut response = http
+                    .get(&dataset.url)
+                    .send()
+                    .await
+                    .and_then(reqwest::Response::error_for_status)
+                    .map_err(|error| fail(error.to_string()))?;
+                while let Some(chunk) = response.chunk().await.map_err(|error| fail(error.to_string()))? {
+                    write(&chunk).await?;
+                }
+            } else {
+                return Err(fail("only http://, https:// (and, where allowed, file://) URLs".into()));
+            }
+            file.flush().await.map_err(|error| fail(error.to_string()))?;
+            file.sync_all().await.map_err(|error| fail(error.to_string()))
+        }
+        .await;
+        if let Err(error) = result {
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(error);
+        }
+        if hasher.hex() != digest.hex {
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(DatasetError::Mismatch {
+                url: dataset.url.clone(),
+                wanted: digest.to_string(),
+            });
+        }
+        tokio::fs::rename(&partial, &path)
+            .await
+            .map_err(|error| fail(format!("{}: {error}", path.display())))?;
+        Ok(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dataset(url: String, digest: String, size_bytes: u64) -> DatasetRequest {
+        DatasetRequest {
+            url,
+            digest,
+            size_bytes,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dataset_is_fetched_verified_and_cached_by_digest() {
+        let dir = std::env::temp_dir().join(format!("fallow-datasets-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = dir.join("source.txt");
+        std::fs::write(&source, b"tokens tokens tokens\n").unwrap();
+        let blake = format!("blake3:{}", blake3::hash(b"tokens tokens tokens\n").to_hex());
+        let sha = format!(
+            "sha256:{}",
+            hex::encode(sha2::Sha256::digest(b"tokens tokens tokens\n"))
+        );
+        let url = format!("file://{}", source.display());
+        let http = reqwest::Client::new();
+        let cache = DatasetCache::new(dir.join("cache"), true);
+        for digest in [&blake, &sha] {
+            let path = cache
+                .fetch(&http, &dataset(url.clone(), digest.clone(), 21))
+                .await
+                .unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), b"tokens tokens tokens\n");
+        }
+        let mut held = vec![blake.clone(), sha.clone()];
+        held.sort();
+        assert_eq!(cache.digests(), held, "the cache reports what it holds");
+        let wrong = format!("blake3:{}", "0".repeat(64));
+        assert_eq!(
+            cache.fetch(&http, &dataset(url.clone(), wrong.clone(), 0)).await,
+            Err(DatasetError::Mismatch {
+                url: url.clone(),
+                wanted: wrong
+            })
+        );
+        assert_eq!(cache.digests().len(), 2, "nothing of a mismatch is kept");
+        let other = format!("sha256:{}", "1".repeat(64));
+        assert!(matches!(
+            cache.fetch(&http, &dataset(url.clone(), other.clone(), 5)).await,
+            Err(DatasetError::TooLarge { size_bytes: 5, .. })
+        ));
+        let closed = DatasetCache::new(dir.join("closed"), false);
+        assert!(matches!(
+            closed.fetch(&http, &dataset(url.clone(), blake.clone(), 0)).await,
+            Err(DatasetError::Fetch { .. })
+        ));
+        for bad in ["blake3:xyz", "md5:00", &format!("BLAKE3:{}", "a".repeat(64))] {
+            assert!(ContentDigest::parse(bad).is_err(), "{bad}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
