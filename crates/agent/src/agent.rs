@@ -79,6 +79,20 @@ struct Run<H> {
     stopping: bool,
     /// Bytes of the log the coordinator has.
     log_sent: u64,
+    /// The last progress reported: (count, unit).
+    progress_sent: Option<(i64, String)>,
+}
+
+/// The last complete `COUNT UNIT` line of a progress file.
+fn read_progress(path: &std::path::Path) -> Option<(i64, String)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let complete = text.rsplit_once('\n').map_or("", |(lines, _)| lines);
+    let line = complete.lines().rev().find(|line| !line.trim().is_empty())?;
+    let (count, unit) = line.trim().split_once(char::is_whitespace)?;
+    let count: i64 = count.parse().ok().filter(|count| *count >= 0)?;
+    let unit = unit.trim();
+    (!unit.is_empty() && unit.len() <= 32 && unit.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .then(|| (count, unit.to_string()))
 }
 
 /// The bytes of `path` from `offset` on, at most `max`, cut at a character boundary.
@@ -442,6 +456,7 @@ impl<E: Executor> Agent<E> {
                         gpu_milli,
                         stopping: false,
                         log_sent: 0,
+                        progress_sent: None,
                     },
                 );
             }
@@ -542,8 +557,32 @@ impl<E: Executor> Agent<E> {
                 self.meter(id, now).await;
             }
             self.ship_log(id).await;
+            self.report_progress(id).await;
         }
         self.save_runs();
+    }
+
+    /// Reports replica `id`'s progress when its progress file says something new.
+    async fn report_progress(&mut self, id: i64) {
+        let Some(run) = self.runs.get(&id) else { return };
+        let path = run.spec.scratch_dir.join(crate::exec::PROGRESS_FILE);
+        let Some(progress) = read_progress(&path) else { return };
+        if run.progress_sent.as_ref() == Some(&progress) {
+            return;
+        }
+        let request = api::ProgressRequest {
+            epoch: run.lease.lease.epoch,
+            unit: progress.1.clone(),
+            done: progress.0,
+        };
+        match self.client.progress(&self.key, self.node_id, id, &request).await {
+            Ok(()) => {
+                if let Some(run) = self.runs.get_mut(&id) {
+                    run.progress_sent = Some(progress);
+                }
+            }
+            Err(error) => tracing::warn!(lease = id, %error, "progress was not taken"),
+        }
     }
 
     /// Sends what replica `id` wrote to its log since the last chunk; true when it sent some.
@@ -616,6 +655,7 @@ impl<E: Executor> Agent<E> {
         // The last of the output may still be on its way to the log file (Docker's stream).
         tokio::time::sleep(LOG_SETTLE).await;
         while self.ship_log(id).await {}
+        self.report_progress(id).await;
         let Some(run) = self.runs.remove(&id) else { return };
         self.ended.insert((id, run.lease.lease.epoch));
         if run.stopping && exit.code != 0 {
@@ -702,5 +742,31 @@ async fn poll_leases(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_complete_progress_line_counts() {
+        let path = std::env::temp_dir().join(format!("fallow-progress-{}", std::process::id()));
+        let read = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            read_progress(&path)
+        };
+        assert_eq!(read("100 tokens\n250 tokens\n"), Some((250, "tokens".into())));
+        assert_eq!(
+            read("100 tokens\n25"),
+            Some((100, "tokens".into())),
+            "a line being written waits"
+        );
+        assert_eq!(read("7 samples\n\n"), Some((7, "samples".into())));
+        assert_eq!(read("-3 tokens\n"), None);
+        assert_eq!(read("12 to kens\n"), None);
+        assert_eq!(read("lots tokens\n"), None);
+        assert_eq!(read(""), None);
+        let _ = std::fs::remove_file(&path);
     }
 }

@@ -183,6 +183,27 @@ impl Client {
         .map(|_| ())
     }
 
+    /// Reports what a replica has done so far.
+    pub async fn progress(
+        &self,
+        key: &NodeKey,
+        node_id: i64,
+        lease_id: i64,
+        progress: &api::ProgressRequest,
+    ) -> Result<(), ClientError> {
+        let path = format!("/v1/agent/leases/{lease_id}/progress");
+        self.signed::<serde_json::Value>(
+            key,
+            node_id,
+            reqwest::Method::POST,
+            &path,
+            Some(progress),
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// Sends a chunk of a replica's output; false when the coordinator had it or keeps no more.
     pub async fn log(
         &self,

@@ -206,7 +206,7 @@ async fn e2e_a_process_job_runs_on_the_agent_and_is_attested() {
 
     let marker = world.dir.join("ran");
     let script = format!(
-        "echo \"lease $FALLOW_LEASE_ID on GPU $CUDA_VISIBLE_DEVICES\" > {}; sleep 1.5",
+        "echo \"lease $FALLOW_LEASE_ID on GPU $CUDA_VISIBLE_DEVICES\" > {}; echo '500 tokens' >> \"$FALLOW_PROGRESS_FILE\"; sleep 0.8; echo '1000 tokens' >> \"$FALLOW_PROGRESS_FILE\"; sleep 0.7",
         marker.display()
     );
     let id = submit(&world, job("hello", &script)).await;
@@ -224,6 +224,11 @@ async fn e2e_a_process_job_runs_on_the_agent_and_is_attested() {
     assert_eq!(
         finished["cost_micros"], 0,
         "simulated GPUs are never billed: {finished}"
+    );
+    assert_eq!(
+        finished["progress"],
+        json!({"unit": "tokens", "done": 1000, "cost_micros_per_unit": 0.0}),
+        "the job's reported progress: {finished}"
     );
     assert!(
         !world

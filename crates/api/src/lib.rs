@@ -176,6 +176,29 @@ pub struct JobView {
     /// For a queued job: why no node can take it now, per constraint, in words and numbers.
     #[serde(default)]
     pub explanation: Option<String>,
+    /// What the job reports it has done, and its cost per unit so far.
+    #[serde(default)]
+    pub progress: Option<ProgressView>,
+}
+
+/// A job's progress as its replicas report it (lines `COUNT UNIT` appended to the file named
+/// by `FALLOW_PROGRESS_FILE`), summed over its leases.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ProgressView {
+    /// e.g. "tokens", "samples".
+    pub unit: String,
+    pub done: i64,
+    /// The job's cost so far divided by `done`, in micro-dollars (e.g. $ per token × 10⁶).
+    pub cost_micros_per_unit: f64,
+}
+
+/// An agent's report of what a replica has done so far.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProgressRequest {
+    pub epoch: i64,
+    pub unit: String,
+    pub done: i64,
 }
 
 /// One replica of a job bound to GPUs of one node.

@@ -56,6 +56,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/agent/leases/{id}/events", post(routes::lease_event))
         .route("/v1/agent/leases/{id}/logs", post(routes::lease_log))
         .route("/v1/agent/key", post(routes::rotate_node_key))
+        .route("/v1/agent/leases/{id}/progress", post(routes::lease_progress))
         .route("/v1/agent/usage", post(routes::report_usage))
         .route("/v1/agent/attestations", post(routes::attest))
         .route(

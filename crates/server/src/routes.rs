@@ -55,7 +55,22 @@ async fn full_job_view(state: &AppState, job: &JobRecord) -> ApiResult<JobView> 
             cost += usage.charged_micros;
         }
     }
-    Ok(job_view(job, &leases, cost, escrow))
+    let mut view = job_view(job, &leases, cost, escrow);
+    let ids: Vec<i64> = leases.iter().map(|lease| lease.id).collect();
+    let progress = state.store.lease_progress(&ids).await?;
+    if let Some((_, unit, _)) = progress.first() {
+        let done: i64 = progress
+            .iter()
+            .filter(|(_, other, _)| other == unit)
+            .map(|(_, _, done)| *done)
+            .sum();
+        view.progress = Some(ProgressView {
+            unit: unit.clone(),
+            done,
+            cost_micros_per_unit: if done > 0 { cost as f64 / done as f64 } else { 0.0 },
+        });
+    }
+    Ok(view)
 }
 
 // ---------------------------------------------------------------- tenants
@@ -977,6 +992,31 @@ pub async fn rotate_node_key(State(state): AppStateRef, signed: Signed<KeyRotati
         .await?
         .ok_or_else(|| ApiError::NotFound("node".into()))?;
     Ok(Json(crate::views::node_view(&record, 0.0, 0, 0)))
+}
+
+/// A replica's progress from its agent, at the lease's current epoch.
+pub async fn lease_progress(
+    State(state): AppStateRef,
+    Path(lease_id): Path<i64>,
+    signed: Signed<ProgressRequest>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let lease = node_lease(&state, signed.node_id, lease_id).await?;
+    let progress = &signed.body;
+    check_name("unit", &progress.unit, true)?;
+    if progress.done < 0 {
+        return Err(ApiError::BadRequest(format!("done: {} is negative", progress.done)));
+    }
+    if progress.epoch != lease.epoch {
+        return Err(ApiError::Conflict(format!(
+            "lease {lease_id} is at epoch {}, not {}: stop it",
+            lease.epoch, progress.epoch
+        )));
+    }
+    state
+        .store
+        .set_lease_progress(lease_id, &progress.unit, progress.done, now_us())
+        .await?;
+    Ok(Json(serde_json::json!({"recorded": true})))
 }
 
 /// The most a lease's stored output may hold (characters); later chunks are not stored.

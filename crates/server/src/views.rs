@@ -48,6 +48,7 @@ pub fn job_view(job: &JobRecord, leases: &[LeaseRecord], cost_micros: i64, escro
         cost_micros,
         escrow_micros,
         explanation: None,
+        progress: None,
     }
 }
 

@@ -670,6 +670,43 @@ async fn a_replicas_output_reaches_its_tenant_and_no_one_else() {
         h.get(&stranger.key, &format!("/v1/jobs/{job_id}/logs"))
             .await
             .refused(404, "another tenant's logs");
+
+        let progress_path = format!("/v1/agent/leases/{}/progress", lease["id"]);
+        let progress = |done: i64| json!({"epoch": epoch, "unit": "tokens", "done": done});
+        agent
+            .signed("POST", &progress_path, Some(&progress(900)))
+            .await
+            .expect(200, "progress");
+        agent
+            .signed("POST", &progress_path, Some(&progress(400)))
+            .await
+            .expect(200, "an older count");
+        other
+            .signed("POST", &progress_path, Some(&progress(5)))
+            .await
+            .refused(403, "progress for another node's lease");
+        agent
+            .signed("POST", &progress_path, Some(&progress(-1)))
+            .await
+            .refused(400, "a negative count");
+        agent
+            .signed(
+                "POST",
+                &progress_path,
+                Some(&json!({"epoch": epoch + 1, "unit": "tokens", "done": 1})),
+            )
+            .await
+            .refused(409, "another epoch");
+        let view = h
+            .get(&tenant.key, &format!("/v1/jobs/{job_id}"))
+            .await
+            .expect(200, "job");
+        assert_eq!(
+            (view["progress"]["unit"].as_str(), view["progress"]["done"].as_i64()),
+            (Some("tokens"), Some(900)),
+            "{}: a count never goes back: {view}",
+            h.backend
+        );
     })
     .await;
 }

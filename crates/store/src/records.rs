@@ -164,6 +164,42 @@ impl Store {
             .collect()
     }
 
+    /// Records how much a replica has done in `unit`; a count never goes back.
+    pub async fn set_lease_progress(&self, lease_id: i64, unit: &str, done: i64, at: i64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO lease_progress (lease_id, unit, done, at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (lease_id) DO UPDATE SET unit = excluded.unit, at = excluded.at, \
+             done = CASE WHEN lease_progress.unit = excluded.unit AND lease_progress.done > excluded.done \
+             THEN lease_progress.done ELSE excluded.done END",
+        )
+        .bind(lease_id)
+        .bind(unit)
+        .bind(done)
+        .bind(at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The progress of `leases`: (lease id, unit, done).
+    pub async fn lease_progress(&self, leases: &[i64]) -> Result<Vec<(i64, String, i64)>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let query = format!(
+            "SELECT lease_id, unit, done FROM lease_progress WHERE lease_id IN ({}) ORDER BY lease_id",
+            crate::jobs::placeholders(1, leases.len())
+        );
+        let mut select = sqlx::query(sqlx::AssertSqlSafe(query));
+        for lease in leases {
+            select = select.bind(*lease);
+        }
+        let rows = select.fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get("lease_id")?, row.try_get("unit")?, row.try_get("done")?)))
+            .collect()
+    }
+
     pub async fn lease_events(&self, lease_id: i64) -> Result<Vec<LeaseEvent>> {
         let rows = sqlx::query(
             "SELECT id, lease_id, epoch, kind, detail, at FROM lease_events WHERE lease_id = $1 ORDER BY id",

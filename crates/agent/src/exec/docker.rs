@@ -142,6 +142,7 @@ impl Executor for DockerExecutor {
         env.push(format!("FALLOW_LEASE_ID={}", spec.lease_id));
         env.push(format!("FALLOW_EPOCH={}", spec.epoch));
         env.push("FALLOW_SCRATCH_DIR=/scratch".into());
+        env.push(format!("FALLOW_PROGRESS_FILE=/scratch/{}", super::PROGRESS_FILE));
         if spec.checkpoint_dir.is_some() {
             env.push("FALLOW_CHECKPOINT_DIR=/checkpoint".into());
         }

@@ -9,6 +9,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The file in a replica's scratch directory where it may append lines `COUNT UNIT` (e.g.
+/// `128000 tokens`, the total so far); the agent reports the last one. Named to the replica by
+/// `FALLOW_PROGRESS_FILE`.
+pub const PROGRESS_FILE: &str = ".fallow-progress";
+
 /// Everything an executor needs to run one replica.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunSpec {

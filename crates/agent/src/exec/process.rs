@@ -137,6 +137,7 @@ impl Executor for ProcessExecutor {
             .env("FALLOW_LEASE_ID", spec.lease_id.to_string())
             .env("FALLOW_EPOCH", spec.epoch.to_string())
             .env("FALLOW_SCRATCH_DIR", &spec.scratch_dir)
+            .env("FALLOW_PROGRESS_FILE", spec.scratch_dir.join(super::PROGRESS_FILE))
             .envs(&spec.env)
             .stdin(std::process::Stdio::null())
             .stdout(log)
