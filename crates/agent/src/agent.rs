@@ -311,11 +311,11 @@ impl<E: Executor> Agent<E> {
             }
             self.tend().await;
         }
+        // All at once: the agent stops within one grace period, however many replicas it runs.
         let leases: Vec<i64> = self.runs.keys().copied().collect();
         for lease in leases {
             if let Some(run) = self.runs.remove(&lease) {
-                let _ = self.executor.stop(&run.handle, self.config.grace).await;
-                self.executor.clean_up(&run.spec).await;
+                self.stop_in_background(run, self.config.grace);
             }
         }
         for (_, (_, stopping)) in self.stopping.drain() {

@@ -34,6 +34,25 @@ async fn call(world: &World, key: &str, method: reqwest::Method, path: &str, bod
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+impl World {
+    /// Stops the coordinator and removes the test's files.
+    async fn end(self) {
+        self.running.stop().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Stops an agent started by `start_agent` and waits for it.
+async fn stop_agent(stop: tokio::sync::watch::Sender<bool>, task: tokio::task::JoinHandle<()>) {
+    let _ = stop.send(true);
+    task.await.unwrap();
+}
+
+/// A GET with the tenant's key: the status and the JSON answer.
+async fn tenant_get(world: &World, path: &str) -> (u16, Value) {
+    call(world, &world.tenant_key, reqwest::Method::GET, path, None).await
+}
+
 async fn world() -> World {
     world_with(|_| {}).await
 }
@@ -160,14 +179,7 @@ fn job(name: &str, script: &str) -> Value {
 async fn wait_for_job(world: &World, id: i64, state: &str) -> Value {
     let start = Instant::now();
     loop {
-        let (_, view) = call(
-            world,
-            &world.tenant_key,
-            reqwest::Method::GET,
-            &format!("/v1/jobs/{id}"),
-            None,
-        )
-        .await;
+        let (_, view) = tenant_get(world, &format!("/v1/jobs/{id}")).await;
         if view["state"] == state {
             return view;
         }
@@ -251,20 +263,11 @@ async fn e2e_a_process_job_runs_on_the_agent_and_is_attested() {
             .contains("exit code 3"),
         "the exit code is the reason: {failed}"
     );
-    let (_, logs) = call(
-        &world,
-        &world.tenant_key,
-        reqwest::Method::GET,
-        &format!("/v1/jobs/{failing}/logs"),
-        None,
-    )
-    .await;
+    let (_, logs) = tenant_get(&world, &format!("/v1/jobs/{failing}/logs")).await;
     assert_eq!(logs["chunks"][0]["text"], "oops\n", "stderr reaches the tenant: {logs}");
 
-    let _ = stop.send(true);
-    task.await.unwrap();
-    world.running.stop().await;
-    let _ = std::fs::remove_dir_all(&world.dir);
+    stop_agent(stop, task).await;
+    world.end().await;
 }
 
 /// The process id a job wrote to `path`, waiting for it; fails with `what` after the deadline.
@@ -344,8 +347,7 @@ async fn e2e_a_cancelled_job_is_stopped_and_a_restarted_agent_stops_its_leftover
     let _ = stop.send(true);
     task.await.unwrap();
     assert!(!alive(second_pid), "a stopping agent stops its replicas");
-    world.running.stop().await;
-    let _ = std::fs::remove_dir_all(&world.dir);
+    world.end().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -389,14 +391,7 @@ async fn e2e_a_container_job_runs_on_the_agent_and_is_attested() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (status, logs) = call(
-        &world,
-        &world.tenant_key,
-        reqwest::Method::GET,
-        &format!("/v1/jobs/{id}/logs"),
-        None,
-    )
-    .await;
+    let (status, logs) = tenant_get(&world, &format!("/v1/jobs/{id}/logs")).await;
     assert_eq!(status, 200, "{logs}");
     let text: String = logs["chunks"]
         .as_array()
@@ -428,10 +423,8 @@ async fn e2e_a_container_job_runs_on_the_agent_and_is_attested() {
             .contains("not on this node"),
         "a missing image fails the lease with the reason: {failed}"
     );
-    let _ = stop.send(true);
-    task.await.unwrap();
-    world.running.stop().await;
-    let _ = std::fs::remove_dir_all(&world.dir);
+    stop_agent(stop, task).await;
+    world.end().await;
 }
 
 /// A TCP proxy to the coordinator that can be cut (every connection dropped, new ones refused)
@@ -501,14 +494,7 @@ async fn e2e_a_cut_off_agent_stops_its_replica_before_the_lease_moves_so_the_job
     // gone before any replica starts there.
     let start = Instant::now();
     let second = loop {
-        let (_, view) = call(
-            &world,
-            &world.tenant_key,
-            reqwest::Method::GET,
-            &format!("/v1/jobs/{id}"),
-            None,
-        )
-        .await;
+        let (_, view) = tenant_get(&world, &format!("/v1/jobs/{id}")).await;
         if let Some(lease) = lease_on(&view, spare_node) {
             break lease;
         }
@@ -532,14 +518,7 @@ async fn e2e_a_cut_off_agent_stops_its_replica_before_the_lease_moves_so_the_job
     // Contact returns: the cut-off agent learns its lease is gone and starts nothing again.
     proxy.restore();
     tokio::time::sleep(Duration::from_millis(2_000)).await;
-    let (_, view) = call(
-        &world,
-        &world.tenant_key,
-        reqwest::Method::GET,
-        &format!("/v1/jobs/{id}"),
-        None,
-    )
-    .await;
+    let (_, view) = tenant_get(&world, &format!("/v1/jobs/{id}")).await;
     let lost = view["leases"]
         .as_array()
         .and_then(|leases| leases.iter().find(|lease| lease["id"] == first["id"]))
@@ -553,8 +532,7 @@ async fn e2e_a_cut_off_agent_stops_its_replica_before_the_lease_moves_so_the_job
     let _ = spare_stop.send(true);
     cut_task.await.unwrap();
     spare_task.await.unwrap();
-    world.running.stop().await;
-    let _ = std::fs::remove_dir_all(&world.dir);
+    world.end().await;
 }
 
 /// The lease of a job's view on `node`, if it has one that is live.
@@ -603,10 +581,8 @@ async fn e2e_a_rotated_key_replaces_the_old_one() {
     let (_, stop, task) = start_agent(&world, "rotor", ProcessExecutor).await;
     let id = submit(&world, job("after-rotation", "true")).await;
     wait_for_job(&world, id, "finished").await;
-    let _ = stop.send(true);
-    task.await.unwrap();
-    world.running.stop().await;
-    let _ = std::fs::remove_dir_all(&world.dir);
+    stop_agent(stop, task).await;
+    world.end().await;
 }
 
 /// Reads a file a job wrote holding a time in nanoseconds (`date +%s%N`).
@@ -664,19 +640,10 @@ async fn e2e_gold_starts_only_when_the_preempted_bronze_replica_has_left_its_gpu
     );
     let finished = wait_for_job(&world, gold_id, "finished").await;
     assert_eq!(finished["leases"][0]["node_id"], node_id);
-    let (_, bronze_view) = call(
-        &world,
-        &world.tenant_key,
-        reqwest::Method::GET,
-        &format!("/v1/jobs/{bronze_id}"),
-        None,
-    )
-    .await;
+    let (_, bronze_view) = tenant_get(&world, &format!("/v1/jobs/{bronze_id}")).await;
     assert_ne!(bronze_view["leases"][0]["state"], "running", "{bronze_view}");
-    let _ = stop.send(true);
-    task.await.unwrap();
-    world.running.stop().await;
-    let _ = std::fs::remove_dir_all(&world.dir);
+    stop_agent(stop, task).await;
+    world.end().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -743,10 +710,8 @@ async fn e2e_a_preempted_job_resumes_from_its_checkpoint() {
         .filter_map(|lease| lease["state"].as_str())
         .collect();
     assert_eq!(states, vec!["preempted", "finished"], "{finished}");
-    let _ = stop.send(true);
-    task.await.unwrap();
-    world.running.stop().await;
-    let _ = std::fs::remove_dir_all(&world.dir);
+    stop_agent(stop, task).await;
+    world.end().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -765,14 +730,7 @@ async fn e2e_datasets_are_verified_before_the_job_starts() {
     };
     let good = submit(&world, with_dataset(&digest)).await;
     wait_for_job(&world, good, "finished").await;
-    let (_, logs) = call(
-        &world,
-        &world.tenant_key,
-        reqwest::Method::GET,
-        &format!("/v1/jobs/{good}/logs"),
-        None,
-    )
-    .await;
+    let (_, logs) = tenant_get(&world, &format!("/v1/jobs/{good}/logs")).await;
     assert_eq!(
         logs["chunks"][0]["text"], "the quick brown fox\n",
         "the job read its dataset: {logs}"
@@ -782,8 +740,6 @@ async fn e2e_datasets_are_verified_before_the_job_starts() {
     let failed = wait_for_job(&world, bad, "failed").await;
     let reason = failed["leases"][0]["end_reason"].as_str().unwrap_or("");
     assert!(reason.contains("does not match"), "the reason says why: {failed}");
-    let _ = stop.send(true);
-    task.await.unwrap();
-    world.running.stop().await;
-    let _ = std::fs::remove_dir_all(&world.dir);
+    stop_agent(stop, task).await;
+    world.end().await;
 }
