@@ -239,7 +239,7 @@ async fn e2e_a_process_job_runs_on_the_agent_and_is_attested() {
     );
     assert_eq!(
         finished["progress"],
-        json!({"unit": "tokens", "done": 1000, "cost_micros_per_unit": 0.0}),
+        json!({"unit": "tokens", "done": 1000, "cost_micros_per_million_units": 0}),
         "the job's reported progress: {finished}"
     );
     assert!(

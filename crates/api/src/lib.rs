@@ -176,7 +176,7 @@ pub struct JobView {
     /// For a queued job: why no node can take it now, per constraint, in words and numbers.
     #[serde(default)]
     pub explanation: Option<String>,
-    /// What the job reports it has done, and its cost per unit so far.
+    /// What the job reports it has done, and its cost per million units so far.
     #[serde(default)]
     pub progress: Option<ProgressView>,
 }
@@ -188,8 +188,9 @@ pub struct ProgressView {
     /// e.g. "tokens", "samples".
     pub unit: String,
     pub done: i64,
-    /// The job's cost so far divided by `done`, in micro-dollars (e.g. $ per token × 10⁶).
-    pub cost_micros_per_unit: f64,
+    /// The job's cost so far per million units done, in micro-dollars (rounded down; 0 before
+    /// anything is done), e.g. the price of a million tokens.
+    pub cost_micros_per_million_units: i64,
 }
 
 /// An agent's report of what a replica has done so far.

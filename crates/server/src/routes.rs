@@ -67,7 +67,11 @@ async fn full_job_view(state: &AppState, job: &JobRecord) -> ApiResult<JobView> 
         view.progress = Some(ProgressView {
             unit: unit.clone(),
             done,
-            cost_micros_per_unit: if done > 0 { cost as f64 / done as f64 } else { 0.0 },
+            cost_micros_per_million_units: if done > 0 {
+                i64::try_from(i128::from(cost) * 1_000_000 / i128::from(done)).unwrap_or(i64::MAX)
+            } else {
+                0
+            },
         });
     }
     Ok(view)

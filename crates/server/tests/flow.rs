@@ -697,6 +697,11 @@ async fn a_replicas_output_reaches_its_tenant_and_no_one_else() {
             )
             .await
             .refused(409, "another epoch");
+        agent.event(&lease, "running").await.expect(200, "running");
+        agent
+            .signed("POST", "/v1/agent/usage", Some(&agent.usage(&lease, 1, 1000)))
+            .await
+            .expect(200, "a usage record");
         let view = h
             .get(&tenant.key, &format!("/v1/jobs/{job_id}"))
             .await
@@ -705,6 +710,14 @@ async fn a_replicas_output_reaches_its_tenant_and_no_one_else() {
             (view["progress"]["unit"].as_str(), view["progress"]["done"].as_i64()),
             (Some("tokens"), Some(900)),
             "{}: a count never goes back: {view}",
+            h.backend
+        );
+        let cost = micros(&view["cost_micros"]);
+        assert!(cost > 0, "{}: {view}", h.backend);
+        assert_eq!(
+            micros(&view["progress"]["cost_micros_per_million_units"]),
+            cost * 1_000_000 / 900,
+            "{}: {view}",
             h.backend
         );
     })
