@@ -288,7 +288,9 @@ impl<E: Executor> Agent<E> {
                         gpus: self.inventory.telemetry(),
                         fingerprint: Some(self.inventory.fingerprint()),
                         datasets: Some(self.datasets.digests()),
-                        over_limit: false,
+                        over_limit: self
+                            .inventory
+                            .over_limit(self.config.policy.thermal_limit_c, self.config.policy.power_limit_w),
                     };
                     match self.client.heartbeat(&self.key, self.node_id, &beat).await {
                         Ok(answer) => {

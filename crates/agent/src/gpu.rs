@@ -265,6 +265,15 @@ impl Inventory {
             .collect()
     }
 
+    /// Whether a GPU runs hotter than `thermal_limit_c` or draws more than `power_limit_w`
+    /// (the provider's limits): the node then says so in its heartbeats.
+    pub fn over_limit(&self, thermal_limit_c: Option<u16>, power_limit_w: Option<u32>) -> bool {
+        self.gpus.iter().any(|gpu| {
+            thermal_limit_c.is_some_and(|limit| gpu.temperature_c > f64::from(limit))
+                || power_limit_w.is_some_and(|limit| gpu.power_w > f64::from(limit))
+        })
+    }
+
     /// Fresh readings for real GPUs (simulated ones stay as they are).
     pub fn refresh(&mut self) {
         if self.simulated {
@@ -315,6 +324,15 @@ mod tests {
             parse_smi(&SMI.replace("81559", "lots")),
             Err(GpuError::BadSmiOutput { line: 1, .. })
         ));
+    }
+
+    #[test]
+    fn a_gpu_over_the_providers_thermal_or_power_limit_puts_the_node_over_its_limit() {
+        let inventory = inventory_of(parse_smi(SMI).unwrap()).unwrap();
+        assert!(!inventory.over_limit(None, None), "no limits, never over");
+        assert!(!inventory.over_limit(Some(34), Some(72)), "at the limit is not over it");
+        assert!(inventory.over_limit(Some(33), None), "34 °C against 33");
+        assert!(inventory.over_limit(None, Some(71)), "71.52 W against 71");
     }
 
     #[test]

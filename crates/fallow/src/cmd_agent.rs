@@ -40,6 +40,12 @@ pub struct AgentArgs {
     /// Asks per GPU-hour in dollars, per tier sold: gold=3.00,silver=2.00,bronze=1.00.
     #[arg(long, default_value = "gold=3.00,silver=2.00,bronze=1.00")]
     asks: String,
+    /// Above this GPU temperature (°C) the node reports itself over its limit.
+    #[arg(long)]
+    thermal_limit_c: Option<u16>,
+    /// Above this GPU power draw (W) the node reports itself over its limit.
+    #[arg(long)]
+    power_limit_w: Option<u32>,
     /// Seconds between signed usage records of a running replica.
     #[arg(long, default_value_t = 30)]
     usage_every_s: u64,
@@ -156,6 +162,8 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         memory_mib: memory_mib(),
         policy: api::PolicyDoc {
             asks: asks(&args.asks)?,
+            thermal_limit_c: args.thermal_limit_c,
+            power_limit_w: args.power_limit_w,
             ..api::PolicyDoc::default()
         },
         usage_every: std::time::Duration::from_secs(args.usage_every_s.max(1)),
