@@ -84,8 +84,18 @@ struct Run<H> {
 }
 
 /// The last complete `COUNT UNIT` line of a progress file.
+///
+/// Only the file's tail is read (a valid line is far shorter), since a replica may append to it
+/// for its whole life and the agent looks every tick.
 fn read_progress(path: &std::path::Path) -> Option<(i64, String)> {
-    let text = std::fs::read_to_string(path).ok()?;
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL_BYTES: u64 = 4096;
+    let mut file = std::fs::File::open(path).ok()?;
+    let length = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(length.saturating_sub(TAIL_BYTES))).ok()?;
+    let mut bytes = Vec::with_capacity(TAIL_BYTES as usize);
+    file.read_to_end(&mut bytes).ok()?;
+    let text = String::from_utf8_lossy(&bytes);
     let complete = text.rsplit_once('\n').map_or("", |(lines, _)| lines);
     let line = complete.lines().rev().find(|line| !line.trim().is_empty())?;
     let (count, unit) = line.trim().split_once(char::is_whitespace)?;

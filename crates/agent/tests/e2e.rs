@@ -270,19 +270,25 @@ async fn e2e_a_process_job_runs_on_the_agent_and_is_attested() {
     world.end().await;
 }
 
-/// The process id a job wrote to `path`, waiting for it; fails with `what` after the deadline.
-async fn read_pid(path: &std::path::Path, what: &str) -> i32 {
+/// The number a job wrote to `path` (a process id, a time), waiting for it; fails with `what`
+/// after the deadline.
+async fn read_number<T: std::str::FromStr>(path: &std::path::Path, what: &str) -> T {
     let start = Instant::now();
     loop {
-        if let Some(pid) = std::fs::read_to_string(path)
+        if let Some(number) = std::fs::read_to_string(path)
             .ok()
-            .and_then(|text| text.trim().parse::<i32>().ok())
+            .and_then(|text| text.trim().parse::<T>().ok())
         {
-            return pid;
+            return number;
         }
         assert!(start.elapsed() < DEADLINE, "{what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The process id a job wrote to `path`.
+async fn read_pid(path: &std::path::Path, what: &str) -> i32 {
+    read_number(path, what).await
 }
 
 /// Whether process `pid` runs: it exists and is not a zombie (a killed child of this test
@@ -585,19 +591,9 @@ async fn e2e_a_rotated_key_replaces_the_old_one() {
     world.end().await;
 }
 
-/// Reads a file a job wrote holding a time in nanoseconds (`date +%s%N`).
+/// A time in nanoseconds a job wrote to `path` (`date +%s%N`).
 async fn read_nanos(path: &std::path::Path, what: &str) -> u128 {
-    let start = Instant::now();
-    loop {
-        if let Some(nanos) = std::fs::read_to_string(path)
-            .ok()
-            .and_then(|text| text.trim().parse::<u128>().ok())
-        {
-            return nanos;
-        }
-        assert!(start.elapsed() < DEADLINE, "{what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    read_number(path, what).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -14,6 +14,14 @@ async fn balance(harness: &Harness, key: &str) -> Value {
     harness.get(key, "/v1/balance").await.expect(200, "balance")
 }
 
+/// The tenant "acme" with $100 of credit and the provider "gpu-farm".
+async fn tenant_and_provider(h: &Harness) -> (common::Account, common::Account) {
+    let tenant = h.tenant("acme").await;
+    let provider = h.provider("gpu-farm").await;
+    h.credit(&tenant, "100.00").await;
+    (tenant, provider)
+}
+
 fn micros(value: &Value) -> i64 {
     value.as_i64().unwrap_or_else(|| panic!("{value} is not an integer"))
 }
@@ -263,9 +271,7 @@ fn month_of(at_us: i64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cancelling_a_running_job_ends_its_lease() {
     on_every_backend(async |h: &Harness| {
-        let tenant = h.tenant("acme").await;
-        let provider = h.provider("gpu-farm").await;
-        h.credit(&tenant, "100.00").await;
+        let (tenant, provider) = tenant_and_provider(h).await;
         let agent = h.node(&provider, "node1", |_| {}).await;
         let job = h.submit(&tenant, job_request("to-cancel")).await;
         let job_id = micros(&job["id"]);
@@ -309,9 +315,7 @@ async fn a_silent_node_loses_its_lease_and_the_job_queues_again() {
     on_every_backend_with(
         |config| config.heartbeat_timeout_ms = 1500,
         async |h: &Harness| {
-            let tenant = h.tenant("acme").await;
-            let provider = h.provider("gpu-farm").await;
-            h.credit(&tenant, "100.00").await;
+            let (tenant, provider) = tenant_and_provider(h).await;
             let silent = h.node(&provider, "flaky", |_| {}).await;
             let job = h.submit(&tenant, job_request("survivor")).await;
             let job_id = micros(&job["id"]);
@@ -357,9 +361,7 @@ async fn a_node_beating_to_the_leader_keeps_its_lease_while_its_row_lags() {
     on_every_backend_with(
         |config| config.heartbeat_timeout_ms = 1500,
         async |h: &Harness| {
-            let tenant = h.tenant("acme").await;
-            let provider = h.provider("gpu-farm").await;
-            h.credit(&tenant, "100.00").await;
+            let (tenant, provider) = tenant_and_provider(h).await;
             let steady = h.node(&provider, "steady", |_| {}).await;
             let job = h.submit(&tenant, job_request("keeps-running")).await;
             let job_id = micros(&job["id"]);
@@ -428,9 +430,7 @@ async fn gold_preempts_bronze_after_the_grace_period() {
     on_every_backend_with(
         |config| config.matcher.preemption_grace_s = 2,
         async |h: &Harness| {
-            let tenant = h.tenant("acme").await;
-            let provider = h.provider("gpu-farm").await;
-            h.credit(&tenant, "100.00").await;
+            let (tenant, provider) = tenant_and_provider(h).await;
             let agent = h.node(&provider, "busy", |_| {}).await;
             let mut bronze = job_request("bronze-sweep");
             bronze["gpus"] = json!(8);
@@ -565,9 +565,7 @@ async fn a_lease_past_its_maximum_runtime_is_ended_and_its_job_fails() {
     on_every_backend_with(
         |config| config.matcher.preemption_grace_s = 1,
         async |h: &Harness| {
-            let tenant = h.tenant("acme").await;
-            let provider = h.provider("gpu-farm").await;
-            h.credit(&tenant, "100.00").await;
+            let (tenant, provider) = tenant_and_provider(h).await;
             let agent = h.node(&provider, "forgetful", |_| {}).await;
             let mut job = job_request("never-stops");
             job["max_runtime_s"] = json!(1);
@@ -599,9 +597,7 @@ async fn a_lease_past_its_maximum_runtime_is_ended_and_its_job_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replicas_output_reaches_its_tenant_and_no_one_else() {
     on_every_backend(async |h: &Harness| {
-        let tenant = h.tenant("acme").await;
-        let provider = h.provider("gpu-farm").await;
-        h.credit(&tenant, "100.00").await;
+        let (tenant, provider) = tenant_and_provider(h).await;
         let agent = h.node(&provider, "talkative", |_| {}).await;
         let other = h.node(&provider, "nosy", |_| {}).await;
         let job_id = micros(&h.submit(&tenant, job_request("chatty")).await["id"]);
@@ -921,9 +917,7 @@ async fn losing_a_gold_lease_to_a_node_fault_credits_the_tenant() {
     on_every_backend_with(
         |config| config.heartbeat_timeout_ms = 1500,
         async |h: &Harness| {
-            let tenant = h.tenant("acme").await;
-            let provider = h.provider("gpu-farm").await;
-            h.credit(&tenant, "100.00").await;
+            let (tenant, provider) = tenant_and_provider(h).await;
             let silent = h.node(&provider, "flaky", |_| {}).await;
             let mut request = job_request("reserved");
             request["tier"] = json!("gold");
