@@ -23,6 +23,10 @@ pub struct ServerArgs {
     /// How often agents should heartbeat.
     #[arg(long, default_value_t = 10_000)]
     heartbeat_interval_ms: u64,
+    /// Bill usage on simulated nodes as if it were real, with play money (demos, metering
+    /// tests). By default a simulated node's usage is recorded and never billed.
+    #[arg(long)]
+    bill_simulated: bool,
 }
 
 pub fn init_logging() {
@@ -44,6 +48,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         data_dir: args.data_dir,
         heartbeat_timeout_ms: args.heartbeat_timeout_ms,
         heartbeat_interval_ms: args.heartbeat_interval_ms,
+        bill_simulated: args.bill_simulated,
         ..server::Config::default()
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

@@ -1212,8 +1212,9 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
         .node(signed.node_id)
         .await?
         .ok_or_else(|| ApiError::NotFound("node".into()))?;
-    // Simulated devices sell nothing real: their usage is recorded, never billed.
-    let amount = if node.node.simulated {
+    // Simulated devices sell nothing real: their usage is recorded, never billed (unless the
+    // coordinator bills play money for them, `Config::bill_simulated`).
+    let amount = if node.node.simulated && !state.config.bill_simulated {
         Micros::ZERO
     } else {
         Micros(lease.lease.price_micros)
@@ -1241,7 +1242,11 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
         )
         .map_err(money::ledger_error)?;
         if let Some(transaction) = &charge.tx {
-            match money::apply(&state.store, transaction).await {
+            let mut transaction = transaction.clone();
+            if node.node.simulated {
+                transaction.memo.push_str(" (simulated devices: play money)");
+            }
+            match money::apply(&state.store, &transaction).await {
                 Ok(_) | Err(ApiError::Conflict(_)) => {}
                 Err(error) => return Err(error),
             }

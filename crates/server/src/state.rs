@@ -50,6 +50,10 @@ pub struct Config {
     pub platform_fee_permille: u32,
     /// How far an agent's clock may be from the coordinator's.
     pub max_skew_ms: i64,
+    /// Bill usage on simulated nodes as if it were real (demos and tests that check metering:
+    /// play money). Off by default: a simulated node's usage is recorded and never billed. When
+    /// on, the ledger's memo of each such charge says it was simulated.
+    pub bill_simulated: bool,
     pub matcher: MatcherConfig,
 }
 
@@ -78,6 +82,7 @@ impl Default for Config {
             reconcile_interval_ms: 200,
             platform_fee_permille: 100,
             max_skew_ms: trust::DEFAULT_MAX_SKEW_MS,
+            bill_simulated: false,
             matcher: MatcherConfig::default(),
         }
     }
