@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU smoke test: on a machine with an NVIDIA GPU and python3 with PyTorch, starts a coordinator
 # and an agent (process executor), checks that the agent reports the GPUs nvidia-smi sees (model,
-# count, not simulated), and runs a real GPU job through the market: a bf16 matrix product on
-# one GPU. Prints what it found; exits non-zero on any mismatch.
+# count, not simulated) and found them through NVML (not its nvidia-smi fallback), and runs a real
+# GPU job through the market: a bf16 matrix product on one GPU. Prints what it found; exits
+# non-zero on any mismatch.
 #
 # Usage: scripts/gpu-smoke.sh            (builds the release binary first)
 #        FALLOW_BIN=path/to/fallow scripts/gpu-smoke.sh
@@ -66,10 +67,25 @@ node=$(get "$provider_key" "/v1/nodes/$node_id")
 model=$(printf '%s' "$node" | json "d['gpu_model']")
 count=$(printf '%s' "$node" | json "d['gpu_count']")
 simulated=$(printf '%s' "$node" | json "d['simulated']")
-say "the agent registered node $node_id: $count x $model, simulated=$simulated"
+# The agent logs (JSON lines) which source found the GPUs; simulated GPUs are not detected.
+detected_by=$(python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        fields = json.loads(line).get("fields", {})
+    except (ValueError, AttributeError):
+        continue
+    if "detected_by" in fields:
+        print(fields["detected_by"])
+        break
+' <"$work/agent.log")
+[ "$simulate" = 1 ] && detected_by=${detected_by:-simulated}
+say "the agent registered node $node_id: $count x $model, simulated=$simulated, detected by ${detected_by:-?}"
 if [ "$simulate" != 1 ]; then
   [ "$simulated" = False ] || fail "the node is marked simulated on a machine with GPUs"
   [ "$count" = "$smi_count" ] || fail "the agent reports $count GPUs, nvidia-smi $smi_count"
+  [ "$detected_by" = nvml ] || fail "the agent found the GPUs by ${detected_by:-no logged source}, not NVML" \
+    "(is libnvidia-ml.so.1 on the loader's path?)"
 fi
 
 if [ "$simulate" = 1 ]; then

@@ -1,9 +1,15 @@
-//! GPU detection. `nvidia-smi --query-gpu` reports each GPU's model, UUID, memory, driver, PCI
-//! id, VBIOS, temperature, power and utilisation; the model is mapped to Fallow's catalog name.
+//! GPU detection. NVML (the driver's library, loaded at run time) reports each GPU's model, UUID,
+//! memory, driver, PCI id, VBIOS, temperature, power and utilisation; where NVML cannot be used,
+//! `nvidia-smi --query-gpu` reports the same. The model is mapped to Fallow's catalog name.
 //! Without GPUs the agent offers none unless told to simulate some (`MODEL:COUNT[,…]`), and a
 //! simulated node says so everywhere.
 
+use std::sync::OnceLock;
+
 use api::GpuTelemetry;
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::error::NvmlError;
 use trust::GpuIdentity;
 
 /// The fields asked of `nvidia-smi`, in this order.
@@ -26,6 +32,37 @@ pub struct Gpu {
     pub memory_used_mib: u64,
 }
 
+/// Which source found a node's GPUs; the heartbeat re-reads them through the same one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DetectedBy {
+    Nvml,
+    NvidiaSmi,
+    Simulated,
+}
+
+impl DetectedBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DetectedBy::Nvml => "nvml",
+            DetectedBy::NvidiaSmi => "nvidia-smi",
+            DetectedBy::Simulated => "simulated",
+        }
+    }
+}
+
+impl std::fmt::Display for DetectedBy {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
+
+/// The GPUs one source found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Detected {
+    pub gpus: Vec<Gpu>,
+    pub detected_by: DetectedBy,
+}
+
 /// What the node offers: its GPUs, all of one catalog model, real or simulated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Inventory {
@@ -33,12 +70,15 @@ pub struct Inventory {
     /// The catalog name, e.g. "H100-SXM5".
     pub model: String,
     pub simulated: bool,
+    pub detected_by: DetectedBy,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum GpuError {
     #[error("no NVIDIA GPU found ({0}); to offer simulated GPUs start the agent with --simulate-gpus MODEL:COUNT")]
     NoneFound(String),
+    #[error("NVML: {0}")]
+    Nvml(String),
     #[error("nvidia-smi output line {line}: {message}")]
     BadSmiOutput { line: usize, message: String },
     #[error("GPU {0:?} is not in Fallow's GPU catalog")]
@@ -76,7 +116,7 @@ pub fn parse_smi(text: &str) -> Result<Vec<Gpu>, GpuError> {
             name: fields[2].to_string(),
             memory_mib: number(fields[3]).ok_or_else(|| bad("memory.total"))?,
             driver: fields[4].to_string(),
-            pci_bus_id: fields[5].to_string(),
+            pci_bus_id: normalise_pci_bus_id(fields[5]),
             vbios: fields[6].to_string(),
             temperature_c: number(fields[7]).unwrap_or(0.0),
             power_w: number(fields[8]).unwrap_or(0.0),
@@ -85,6 +125,123 @@ pub fn parse_smi(text: &str) -> Result<Vec<Gpu>, GpuError> {
         });
     }
     Ok(gpus)
+}
+
+/// A PCI bus id as `DDDDDDDD:BB:DD.F` in upper-case hex, the form of NVML's `busId` and of
+/// `nvidia-smi --query-gpu=pci.bus_id`; a 4-digit domain, none or lower case (older drivers and
+/// tools) reads the same, so the fingerprint does not depend on the source. Text of another shape
+/// is kept as it is.
+pub fn normalise_pci_bus_id(text: &str) -> String {
+    let text = text.trim();
+    let canonical = || {
+        let (domain, bus, slot) = match text.split(':').collect::<Vec<_>>().as_slice() {
+            [domain, bus, slot] => (*domain, *bus, *slot),
+            [bus, slot] => ("0", *bus, *slot),
+            _ => return None,
+        };
+        let (device, function) = slot.split_once('.')?;
+        // Each part is hex digits only (no sign) and fits its width.
+        let hex = |part: &str, max: u32| {
+            let digits_only = part.chars().all(|c| c.is_ascii_hexdigit());
+            u32::from_str_radix(part, 16)
+                .ok()
+                .filter(|number| digits_only && *number <= max)
+        };
+        Some(format!(
+            "{:08X}:{:02X}:{:02X}.{:X}",
+            hex(domain, u32::MAX)?,
+            hex(bus, 0xFF)?,
+            hex(device, 0xFF)?,
+            hex(function, 0xF)?,
+        ))
+    };
+    canonical().unwrap_or_else(|| text.to_string())
+}
+
+/// One GPU's readings as NVML gives them, in NVML's units. `None` is a reading NVML does not
+/// have (e.g. power on some boards: `NotSupported`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NvmlReadings {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_total_bytes: u64,
+    pub memory_used_bytes: u64,
+    pub driver: Option<String>,
+    pub pci_bus_id: String,
+    pub vbios: Option<String>,
+    pub temperature_c: Option<u32>,
+    pub power_mw: Option<u32>,
+    pub utilisation_pct: Option<u32>,
+}
+
+/// What `nvidia-smi` prints for a reading the driver does not have; a missing VBIOS or driver
+/// version reads the same from both sources, and so does the fingerprint.
+const NOT_AVAILABLE: &str = "[N/A]";
+
+/// The GPU of NVML's readings, in the units of `nvidia-smi`'s (MiB, W). Missing telemetry is zero.
+pub fn gpu_from_nvml(readings: &NvmlReadings) -> Result<Gpu, GpuError> {
+    const MIB: u64 = 1024 * 1024;
+    let index = u8::try_from(readings.index)
+        .map_err(|_| GpuError::Nvml(format!("GPU index {} is beyond 255", readings.index)))?;
+    let text_or_not_available = |text: &Option<String>| text.clone().unwrap_or_else(|| NOT_AVAILABLE.to_string());
+    Ok(Gpu {
+        index,
+        uuid: readings.uuid.clone(),
+        name: readings.name.clone(),
+        memory_mib: readings.memory_total_bytes / MIB,
+        driver: text_or_not_available(&readings.driver),
+        pci_bus_id: normalise_pci_bus_id(&readings.pci_bus_id),
+        vbios: text_or_not_available(&readings.vbios),
+        temperature_c: readings.temperature_c.map_or(0.0, f64::from),
+        power_w: readings
+            .power_mw
+            .map_or(0.0, |milliwatts| f64::from(milliwatts) / 1000.0),
+        utilisation_pct: readings.utilisation_pct.map_or(0.0, f64::from),
+        memory_used_mib: readings.memory_used_bytes / MIB,
+    })
+}
+
+/// NVML, started once per process and kept, so the heartbeat's re-reads cost no start. A failed
+/// start is kept too: the node then reads its GPUs through `nvidia-smi`.
+fn nvml() -> Result<&'static Nvml, GpuError> {
+    static NVML: OnceLock<Result<Nvml, String>> = OnceLock::new();
+    NVML.get_or_init(|| Nvml::init().map_err(|error| error.to_string()))
+        .as_ref()
+        .map_err(|error| GpuError::Nvml(format!("cannot start: {error}")))
+}
+
+/// Asks NVML for the GPUs; an error when the library is missing, fails or lists none.
+pub fn detect_nvml() -> Result<Vec<Gpu>, GpuError> {
+    let nvml = nvml()?;
+    let failed = |what: String| move |error: NvmlError| GpuError::Nvml(format!("{what}: {error}"));
+    let count = nvml.device_count().map_err(failed("counting GPUs".into()))?;
+    if count == 0 {
+        return Err(GpuError::Nvml("lists no GPU".into()));
+    }
+    let driver = nvml.sys_driver_version().ok();
+    (0..count)
+        .map(|index| {
+            let device = nvml.device_by_index(index).map_err(failed(format!("GPU {index}")))?;
+            let memory = device.memory_info().map_err(failed(format!("GPU {index}'s memory")))?;
+            gpu_from_nvml(&NvmlReadings {
+                index,
+                uuid: device.uuid().map_err(failed(format!("GPU {index}'s UUID")))?,
+                name: device.name().map_err(failed(format!("GPU {index}'s name")))?,
+                memory_total_bytes: memory.total,
+                memory_used_bytes: memory.used,
+                driver: driver.clone(),
+                pci_bus_id: device
+                    .pci_info()
+                    .map_err(failed(format!("GPU {index}'s PCI id")))?
+                    .bus_id,
+                vbios: device.vbios_version().ok(),
+                temperature_c: device.temperature(TemperatureSensor::Gpu).ok(),
+                power_mw: device.power_usage().ok(),
+                utilisation_pct: device.utilization_rates().ok().map(|rates| rates.gpu),
+            })
+        })
+        .collect()
 }
 
 /// Fallow's catalog name for a driver-reported GPU name, e.g. "NVIDIA H100 80GB HBM3" →
@@ -155,8 +312,39 @@ pub fn catalog_model(name: &str, memory_mib: u64) -> Option<&'static str> {
     Some(model)
 }
 
+/// Asks NVML for the GPUs, then `nvidia-smi` where NVML cannot answer; `NoneFound` with both
+/// reasons when neither finds any. Logs which source found them.
+pub fn detect() -> Result<Detected, GpuError> {
+    let nvml_error = match detect_nvml() {
+        Ok(gpus) => {
+            tracing::info!(detected_by = %DetectedBy::Nvml, gpus = gpus.len(), "detected the node's GPUs");
+            return Ok(Detected {
+                gpus,
+                detected_by: DetectedBy::Nvml,
+            });
+        }
+        Err(error) => error,
+    };
+    match detect_smi() {
+        Ok(gpus) => {
+            tracing::info!(
+                detected_by = %DetectedBy::NvidiaSmi,
+                gpus = gpus.len(),
+                nvml = %nvml_error,
+                "detected the node's GPUs"
+            );
+            Ok(Detected {
+                gpus,
+                detected_by: DetectedBy::NvidiaSmi,
+            })
+        }
+        Err(GpuError::NoneFound(smi_reason)) => Err(GpuError::NoneFound(format!("{nvml_error}; {smi_reason}"))),
+        Err(smi_error) => Err(GpuError::NoneFound(format!("{nvml_error}; {smi_error}"))),
+    }
+}
+
 /// Asks `nvidia-smi` for the GPUs; an error when it is missing, fails or finds none.
-pub fn detect() -> Result<Vec<Gpu>, GpuError> {
+pub fn detect_smi() -> Result<Vec<Gpu>, GpuError> {
     let output = std::process::Command::new("nvidia-smi")
         .arg(format!("--query-gpu={SMI_FIELDS}"))
         .arg("--format=csv,noheader,nounits")
@@ -176,7 +364,8 @@ pub fn detect() -> Result<Vec<Gpu>, GpuError> {
 }
 
 /// The inventory of detected GPUs: one catalog model for all.
-pub fn inventory_of(gpus: Vec<Gpu>) -> Result<Inventory, GpuError> {
+pub fn inventory_of(detected: Detected) -> Result<Inventory, GpuError> {
+    let Detected { gpus, detected_by } = detected;
     let mut models: Vec<&'static str> = Vec::new();
     for gpu in &gpus {
         let model = catalog_model(&gpu.name, gpu.memory_mib).ok_or_else(|| GpuError::UnknownModel(gpu.name.clone()))?;
@@ -190,6 +379,7 @@ pub fn inventory_of(gpus: Vec<Gpu>) -> Result<Inventory, GpuError> {
             model: (*model).to_string(),
             gpus,
             simulated: false,
+            detected_by,
         }),
         _ => Err(GpuError::MixedModels(models.join(", "))),
     }
@@ -231,6 +421,7 @@ pub fn simulated(text: &str, known: impl Fn(&str) -> bool) -> Result<Inventory, 
         gpus,
         model: model.to_string(),
         simulated: true,
+        detected_by: DetectedBy::Simulated,
     })
 }
 
@@ -274,12 +465,18 @@ impl Inventory {
         })
     }
 
-    /// Fresh readings for real GPUs (simulated ones stay as they are).
+    /// Fresh readings for real GPUs, from the source that found them (simulated ones stay as
+    /// they are). A failed or different reading keeps the last one.
     pub fn refresh(&mut self) {
         if self.simulated {
             return;
         }
-        if let Ok(gpus) = detect()
+        let fresh = match self.detected_by {
+            DetectedBy::Simulated => return,
+            DetectedBy::Nvml => detect_nvml(),
+            DetectedBy::NvidiaSmi => detect_smi(),
+        };
+        if let Ok(gpus) = fresh
             && gpus.len() == self.gpus.len()
         {
             self.gpus = gpus;
@@ -296,6 +493,126 @@ mod tests {
 1, GPU-8d2f9a10-0000-1111-2222-333344445555, NVIDIA H100 80GB HBM3, 81559, 550.54.15, 00000000:2A:00.0, 96.00.99.00.01, [N/A], [N/A], 12, 40960
 ";
 
+    fn smi_inventory(text: &str) -> Inventory {
+        inventory_of(Detected {
+            gpus: parse_smi(text).unwrap(),
+            detected_by: DetectedBy::NvidiaSmi,
+        })
+        .unwrap()
+    }
+
+    /// NVML's readings of the GPUs in `SMI`.
+    fn nvml_readings() -> Vec<NvmlReadings> {
+        let gpu = |index: u32, uuid: &str, pci_bus_id: &str| NvmlReadings {
+            index,
+            uuid: uuid.to_string(),
+            name: "NVIDIA H100 80GB HBM3".to_string(),
+            memory_total_bytes: 81_559 * 1024 * 1024,
+            memory_used_bytes: 1024 * 1024,
+            driver: Some("550.54.15".to_string()),
+            pci_bus_id: pci_bus_id.to_string(),
+            vbios: Some("96.00.99.00.01".to_string()),
+            temperature_c: Some(34),
+            power_mw: Some(71_520),
+            utilisation_pct: Some(0),
+        };
+        vec![
+            gpu(0, "GPU-4b6c1e7a-0000-1111-2222-333344445555", "00000000:18:00.0"),
+            gpu(1, "GPU-8d2f9a10-0000-1111-2222-333344445555", "00000000:2A:00.0"),
+        ]
+    }
+
+    #[test]
+    fn pci_bus_ids_read_the_same_whatever_the_source() {
+        let check = |text: &str, expect: &str| assert_eq!(normalise_pci_bus_id(text), expect, "{text:?}");
+        check("00000000:3B:00.0", "00000000:3B:00.0");
+        check("00000000:3b:00.0", "00000000:3B:00.0");
+        check("0000:3B:00.0", "00000000:3B:00.0");
+        check("3b:00.0", "00000000:3B:00.0");
+        check(" 00000001:c1:1f.7 ", "00000001:C1:1F.7");
+        check("simulated:0", "simulated:0");
+        check("[N/A]", "[N/A]");
+        check("0000:3B:100.0", "0000:3B:100.0");
+        check("", "");
+        assert_eq!(
+            parse_smi(&SMI.replace("00000000:2A:00.0", "0000:2a:00.0")).unwrap()[1].pci_bus_id,
+            "00000000:2A:00.0",
+            "nvidia-smi's ids are normalised too"
+        );
+    }
+
+    #[test]
+    fn nvml_readings_become_gpus_in_nvidia_smis_units() {
+        let mut readings = nvml_readings().remove(1);
+        let gpu = gpu_from_nvml(&readings).unwrap();
+        assert_eq!(
+            (
+                gpu.index,
+                gpu.memory_mib,
+                gpu.memory_used_mib,
+                gpu.power_w,
+                gpu.temperature_c
+            ),
+            (1, 81_559, 1, 71.52, 34.0)
+        );
+        (readings.temperature_c, readings.power_mw, readings.utilisation_pct) = (None, None, None);
+        (readings.vbios, readings.driver) = (None, None);
+        readings.pci_bus_id = "0000:2a:00.0".to_string();
+        let gpu = gpu_from_nvml(&readings).unwrap();
+        assert_eq!(
+            (gpu.temperature_c, gpu.power_w, gpu.utilisation_pct),
+            (0.0, 0.0, 0.0),
+            "a reading NVML does not have is zero"
+        );
+        assert_eq!(
+            (gpu.vbios.as_str(), gpu.driver.as_str()),
+            ("[N/A]", "[N/A]"),
+            "as nvidia-smi writes it"
+        );
+        assert_eq!(gpu.pci_bus_id, "00000000:2A:00.0");
+        readings.index = 256;
+        assert!(matches!(gpu_from_nvml(&readings), Err(GpuError::Nvml(_))));
+    }
+
+    #[test]
+    fn the_same_gpus_have_the_same_fingerprint_from_nvml_and_nvidia_smi() {
+        let gpus = nvml_readings()
+            .iter()
+            .map(gpu_from_nvml)
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let from_nvml = inventory_of(Detected {
+            gpus,
+            detected_by: DetectedBy::Nvml,
+        })
+        .unwrap();
+        let from_smi = smi_inventory(SMI);
+        assert_eq!(
+            (from_nvml.model.as_str(), from_nvml.detected_by),
+            ("H100-SXM5", DetectedBy::Nvml)
+        );
+        assert_eq!(from_nvml.fingerprint(), from_smi.fingerprint());
+    }
+
+    #[test]
+    fn without_the_driver_nvml_detection_is_an_error_not_a_panic() {
+        // Passes on a GPU machine too: there NVML finds the GPUs.
+        match detect_nvml() {
+            Ok(gpus) => assert!(
+                !gpus.is_empty() && gpus.iter().all(|gpu| !gpu.uuid.is_empty()),
+                "{gpus:?}"
+            ),
+            Err(error) => assert!(error.to_string().contains("NVML"), "{error}"),
+        }
+        match detect() {
+            Ok(detected) => assert!(detected.detected_by != DetectedBy::Simulated && !detected.gpus.is_empty()),
+            Err(GpuError::NoneFound(reasons)) => {
+                assert!(reasons.contains("NVML") && reasons.contains("nvidia-smi"), "{reasons}")
+            }
+            Err(error) => panic!("detection fails with NoneFound, not {error:?}"),
+        }
+    }
+
     #[test]
     fn nvidia_smi_output_is_read_field_by_field() {
         let gpus = parse_smi(SMI).unwrap();
@@ -311,8 +628,9 @@ mod tests {
             (0.0, 40_960),
             "[N/A] reads as zero"
         );
-        let inventory = inventory_of(gpus).unwrap();
+        let inventory = smi_inventory(SMI);
         assert_eq!((inventory.model.as_str(), inventory.simulated), ("H100-SXM5", false));
+        assert_eq!(inventory.detected_by, DetectedBy::NvidiaSmi);
         assert_eq!(
             parse_smi("0, GPU-x, NVIDIA H100, 81559\n"),
             Err(GpuError::BadSmiOutput {
@@ -328,7 +646,7 @@ mod tests {
 
     #[test]
     fn a_gpu_over_the_providers_thermal_or_power_limit_puts_the_node_over_its_limit() {
-        let inventory = inventory_of(parse_smi(SMI).unwrap()).unwrap();
+        let inventory = smi_inventory(SMI);
         assert!(!inventory.over_limit(None, None), "no limits, never over");
         assert!(!inventory.over_limit(Some(34), Some(72)), "at the limit is not over it");
         assert!(inventory.over_limit(Some(33), None), "34 °C against 33");
@@ -362,7 +680,11 @@ mod tests {
         let known = |name: &str| name == "H100-SXM5";
         let inventory = simulated("H100-SXM5:4", known).unwrap();
         assert!(inventory.simulated);
+        assert_eq!(inventory.detected_by, DetectedBy::Simulated);
         assert_eq!(inventory.gpus.len(), 4);
+        let mut refreshed = inventory.clone();
+        refreshed.refresh();
+        assert_eq!(refreshed, inventory, "simulated GPUs are never re-read");
         assert!(inventory.gpus.iter().all(|gpu| gpu.uuid.starts_with("SIMULATED-")));
         assert_ne!(
             inventory.fingerprint(),
