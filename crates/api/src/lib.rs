@@ -327,6 +327,9 @@ pub struct NodeView {
     pub reliability: f64,
     pub policy: PolicyDoc,
     pub telemetry: Option<serde_json::Value>,
+    /// Since when the node has been over its owner's thermal or power limits: it takes no new
+    /// work, and its bronze work is preempted if that lasts.
+    pub over_limit_since_us: Option<i64>,
     pub live_leases: i64,
     pub earnings_micros: i64,
 }

@@ -27,6 +27,10 @@ pub struct ServerArgs {
     /// tests). By default a simulated node's usage is recorded and never billed.
     #[arg(long)]
     bill_simulated: bool,
+    /// A node over its owner's thermal or power limits takes no new work; after this long over
+    /// them its bronze work is preempted.
+    #[arg(long, default_value_t = 60_000)]
+    over_limit_preempt_after_ms: u64,
 }
 
 pub fn init_logging() {
@@ -49,6 +53,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         heartbeat_timeout_ms: args.heartbeat_timeout_ms,
         heartbeat_interval_ms: args.heartbeat_interval_ms,
         bill_simulated: args.bill_simulated,
+        over_limit_preempt_after_ms: args.over_limit_preempt_after_ms,
         ..server::Config::default()
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

@@ -112,7 +112,7 @@ impl Matcher {
             if (bronze_milli[node], other_milli[node]) != (load.bronze_milli, load.other_milli) {
                 return Err(format!("node {node} tier counters are off"));
             }
-            let expected = if load.offline || load.closed {
+            let expected = if load.offline || load.closed || load.cordoned {
                 (0, 0)
             } else {
                 load.levels(statics.gpu_count)

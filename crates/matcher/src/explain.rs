@@ -163,6 +163,7 @@ impl Matcher {
                 _ => "without enough free GPUs".into(),
             },
             Reason::Reserved => "reserved for other jobs".into(),
+            Reason::OverLimit => "over its owner's thermal or power limit".into(),
         }
     }
 

@@ -22,10 +22,11 @@ pub enum Reason {
     Memory,
     GpuCapacity,
     Reserved,
+    OverLimit,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 13] = [
+    pub const ALL: [Reason; 14] = [
         Reason::Offline,
         Reason::Region,
         Reason::GpuModel,
@@ -39,6 +40,7 @@ impl Reason {
         Reason::Memory,
         Reason::GpuCapacity,
         Reason::Reserved,
+        Reason::OverLimit,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +58,7 @@ impl Reason {
             Reason::Memory => "memory",
             Reason::GpuCapacity => "gpu_capacity",
             Reason::Reserved => "reserved",
+            Reason::OverLimit => "over_limit",
         }
     }
 }
@@ -176,6 +179,9 @@ impl Matcher {
         let job = context.job;
         if self.loads[node].offline {
             return Err(Reason::Offline);
+        }
+        if self.loads[node].cordoned {
+            return Err(Reason::OverLimit);
         }
         if !context.region_allowed(statics.region) {
             return Err(Reason::Region);

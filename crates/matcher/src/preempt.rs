@@ -91,6 +91,7 @@ impl Matcher {
         if wanted == statics.gpu_count && limit >= 1 && load.other_milli == 0 && !load.leases.is_empty() {
             let empty = NodeLoad {
                 offline: load.offline,
+                cordoned: load.cordoned,
                 closed: load.closed,
                 ..NodeLoad::default()
             };

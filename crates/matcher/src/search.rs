@@ -28,6 +28,7 @@ pub(crate) fn light_copy(load: &NodeLoad) -> NodeLoad {
         whole_free: load.whole_free,
         share_bucket: load.share_bucket,
         offline: load.offline,
+        cordoned: load.cordoned,
         closed: load.closed,
         open_until: load.open_until,
         price_multiplier_permille: load.price_multiplier_permille,

@@ -57,6 +57,8 @@ pub(crate) struct NodeLoad {
     /// Largest free share among partly used GPUs, as a bucket (0 = none, 1..=10 for 1..999 milli).
     pub share_bucket: u8,
     pub offline: bool,
+    /// Over its owner's thermal or power limits: takes no new work; what runs stays.
+    pub cordoned: bool,
     /// Outside its provider's availability windows at the matcher's clock: sells nothing now.
     pub closed: bool,
     /// At the matcher's clock minute: the end of the node's availability (weekly windows only)
@@ -636,10 +638,25 @@ impl Matcher {
         lost
     }
 
+    /// Cordons a node (it is over its owner's limits: it takes no new work, and what runs on it
+    /// stays) or lifts the cordon.
+    pub fn set_node_cordoned(&mut self, node: NodeId, cordoned: bool) {
+        let index = node.index();
+        if self.loads[index].cordoned != cordoned {
+            self.loads[index].cordoned = cordoned;
+            self.refresh_levels(index);
+        }
+    }
+
+    /// Whether a node is cordoned (see `set_node_cordoned`).
+    pub fn node_cordoned(&self, node: NodeId) -> bool {
+        self.loads[node.index()].cordoned
+    }
+
     /// Recomputes a node's capacity levels and moves it between index sets if they changed.
     pub(crate) fn refresh_levels(&mut self, node: usize) {
         let load = &self.loads[node];
-        let (whole, bucket) = if load.offline || load.closed {
+        let (whole, bucket) = if load.offline || load.closed || load.cordoned {
             (0, 0)
         } else {
             load.levels(self.statics[node].gpu_count)

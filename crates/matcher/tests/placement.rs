@@ -403,3 +403,35 @@ fn a_gang_that_cannot_preempt_enough_says_how_close_it_came() {
     assert_eq!(plan.victims.len(), 2);
     assert!(plan.victims.iter().all(|victim| victim.tier == Tier::Bronze));
 }
+
+#[test]
+fn a_cordoned_node_takes_no_new_work_and_keeps_what_runs() {
+    let mut m = matcher(vec![
+        node("eu", "H100", 8, "2.00", 0.99),
+        node("eu", "H100", 8, "3.00", 0.99),
+    ]);
+    let running = m.place(&job(1, Tier::Bronze, whole(4), "5"), NOW).unwrap();
+    let hot = running.leases[0].node;
+    assert_eq!(hot, model::NodeId(0), "the cheaper node first");
+    m.set_node_cordoned(hot, true);
+    assert!(m.node_cordoned(hot));
+    m.consistency_check().unwrap();
+    assert_eq!(m.job_leases(model::JobId(1)).len(), 1, "what runs stays");
+    let next = m.place(&job(2, Tier::Silver, whole(4), "5"), NOW).unwrap();
+    assert_ne!(next.leases[0].node, hot, "the cordoned node is skipped though cheaper");
+    // Gold may not preempt its way onto it either, and the reason is named.
+    let big = job(3, Tier::Gold, whole(8), "5");
+    assert!(m.plan_preemption(&big, NOW).is_err());
+    assert!(
+        m.explain(&big, NOW)
+            .excluded
+            .iter()
+            .any(|(reason, count)| *reason == Reason::OverLimit && *count == 1)
+    );
+    m.set_node_cordoned(hot, false);
+    m.consistency_check().unwrap();
+    assert_eq!(
+        m.place(&job(4, Tier::Silver, whole(4), "5"), NOW).unwrap().leases[0].node,
+        hot
+    );
+}

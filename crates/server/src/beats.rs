@@ -74,6 +74,8 @@ struct Beat {
     /// A heartbeat waits to be written; `datasets_changed` says whether with its datasets.
     due: bool,
     datasets_changed: bool,
+    /// Whether the last heartbeat said the node was over its owner's limits.
+    over_limit: Option<bool>,
 }
 
 /// What the caller must still do for a heartbeat `Beats::note` took.
@@ -81,6 +83,17 @@ pub struct Noted {
     /// The fingerprint differs from the last one this replica saw (or it saw none): check it
     /// against the store.
     pub fingerprint_to_check: bool,
+}
+
+/// What a heartbeat's over-limit flag means for the store (see `Beats::over_limit_change`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OverLimitChange {
+    Unchanged,
+    /// Write the flag.
+    Changed,
+    /// The first heartbeat here says the node is within its limits: clear the store's flag if
+    /// it is set (another replica, or this one before a restart, may have set it).
+    FirstWithin,
 }
 
 #[derive(Default)]
@@ -127,6 +140,7 @@ impl Beats {
             persisted_at: 0,
             due: false,
             datasets_changed: false,
+            over_limit: None,
         });
         let fingerprint_to_check = fingerprint.is_some_and(|new| beat.fingerprint.as_deref() != Some(new));
         if let Some(new) = fingerprint {
@@ -152,6 +166,21 @@ impl Beats {
             self.urgent.notify_one();
         }
         Noted { fingerprint_to_check }
+    }
+
+    /// Notes whether `node` (whose heartbeat `note` took) says it is over its owner's limits,
+    /// and says what the store must learn of it. Call after `note`.
+    pub fn over_limit_change(&self, node: i64, over: bool) -> OverLimitChange {
+        let mut table = self.table.lock().expect("beats lock");
+        let Some(beat) = table.nodes.get_mut(&node) else {
+            return OverLimitChange::Unchanged;
+        };
+        match beat.over_limit.replace(over) {
+            Some(before) if before == over => OverLimitChange::Unchanged,
+            Some(_) => OverLimitChange::Changed,
+            None if over => OverLimitChange::Changed,
+            None => OverLimitChange::FirstWithin,
+        }
     }
 
     /// The last heartbeat this replica took from `node`: its time and telemetry (JSON).

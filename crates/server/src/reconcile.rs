@@ -159,6 +159,11 @@ pub struct Cursor {
     pub ended_since: i64,
     /// Nodes that went on or off line at or after this are updated in the matcher.
     pub online_since: i64,
+    /// Nodes that went over their owner's limits, or back within them, at or after this are
+    /// cordoned or freed in the matcher.
+    pub over_limit_since: i64,
+    /// When the last pass looked for nodes over their limits for long enough to preempt bronze.
+    pub over_limit_checked_at: i64,
     /// When the last pass looked for silent nodes.
     pub silence_checked_at: i64,
     /// When this replica began to lead: it finds no node silent for a heartbeat timeout after.
@@ -191,6 +196,7 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
         *state.view.lock().await = Some(built);
         cursor.ended_since = now;
         cursor.online_since = now;
+        cursor.over_limit_since = now;
     }
     if rebuild || !state.lease_hints.known() {
         // Only this task writes leases while it leads, so the store's answer is exact now.
@@ -215,6 +221,7 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
     // pass re-read the last burst: 43,000 rows and half a second a pass after 125,000 nodes
     // came on line.)
     cursor.online_since = cursor.online_since.max(now);
+    over_limits(state, cursor, now).await?;
     // A new leader finds no node silent before it has led for a whole timeout: until then, a
     // node it has not heard from may have beaten to the replica that led before, whose rows of
     // those beats lag (see `beats`). Kubernetes' node controller waits the same way.
@@ -245,7 +252,17 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
     for lease in state.store.leases_due(now, now - grace_us).await? {
         let preempted = lease.lease.preempt_at.is_some_and(|at| at <= now);
         let (to, reason) = if preempted {
-            (LeaseState::Preempted, "preempted for gold or silver work")
+            let hot = state.view.lock().await.as_ref().is_some_and(|view| {
+                view.dense
+                    .get(&lease.lease.node_id)
+                    .is_some_and(|node| view.matcher.node_cordoned(*node))
+            });
+            let reason = if hot && lease.lease.tier == Tier::Bronze.name() {
+                "preempted: its node stayed over its owner's thermal or power limit"
+            } else {
+                "preempted for gold or silver work"
+            };
+            (LeaseState::Preempted, reason)
         } else {
             (
                 LeaseState::Failed,
@@ -272,6 +289,43 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
         }
     }
     place_queued(state, now, reasons).await
+}
+
+/// How often a pass looks for nodes that have been over their limits long enough.
+const OVER_LIMIT_CHECK_EVERY_US: i64 = 1_000_000;
+
+/// Cordons the nodes that went over their owner's limits (heartbeats reach any replica) and
+/// frees those back within them; a node over them for `over_limit_preempt_after_ms` has its
+/// bronze leases preempted (the agent gets SIGTERM, a grace period, then kill). A preemption once
+/// started goes on even if the node cools down within the grace.
+async fn over_limits(state: &AppState, cursor: &mut Cursor, now: i64) -> Result<(), ApiError> {
+    let changes = state
+        .store
+        .over_limit_changes_since(cursor.over_limit_since - CHANGE_OVERLAP_US)
+        .await?;
+    if !changes.is_empty() {
+        let mut view = state.view.lock().await;
+        let view = view.as_mut().expect("built above");
+        for (node, since, _) in changes {
+            view.set_over_limit(node, since);
+        }
+    }
+    cursor.over_limit_since = cursor.over_limit_since.max(now);
+    if now - cursor.over_limit_checked_at < OVER_LIMIT_CHECK_EVERY_US {
+        return Ok(());
+    }
+    cursor.over_limit_checked_at = now;
+    let grace_us = i64::from(state.config.matcher.preemption_grace_s) * 1_000_000;
+    let persisted = now.saturating_sub(state.config.over_limit_preempt_after_us());
+    for node in state.store.nodes_over_limit_since(persisted).await? {
+        for lease in state.store.live_leases_of_node(node).await? {
+            if lease.lease.tier == Tier::Bronze.name() && lease.lease.preempt_at.is_none() {
+                tracing::warn!(node, lease = lease.id, "node stayed over its limits; preempting bronze");
+                state.store.set_lease_preempt_at(lease.id, Some(now + grace_us)).await?;
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn lose_silent_nodes(state: &AppState, now: i64) -> Result<(), ApiError> {

@@ -15,7 +15,7 @@ use model::{GpuCatalog, Micros};
 use serde::Deserialize;
 use store::{JobEnd, JobRecord, JobState, LeaseState, NewJob, NewNode, Role};
 
-use crate::beats;
+use crate::beats::{self, OverLimitChange};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{Auth, JsonBody, Path, Query, Signed};
 use crate::lease_hints::Hint;
@@ -797,6 +797,20 @@ pub async fn heartbeat(
             .store
             .record_evidence(Some(signed.node_id), "fingerprint_changed", fingerprint, now)
             .await?;
+    }
+    match state.beats.over_limit_change(signed.node_id, request.over_limit) {
+        OverLimitChange::Unchanged => {}
+        OverLimitChange::Changed => {
+            state
+                .store
+                .set_node_over_limit(signed.node_id, request.over_limit, now)
+                .await?;
+        }
+        OverLimitChange::FirstWithin => {
+            if state.store.node_over_limit_since(signed.node_id).await?.is_some() {
+                state.store.set_node_over_limit(signed.node_id, false, now).await?;
+            }
+        }
     }
     Metrics::add(&state.metrics.heartbeats, 1);
     Ok(Json(HeartbeatResponse {

@@ -54,6 +54,9 @@ pub struct Config {
     /// play money). Off by default: a simulated node's usage is recorded and never billed. When
     /// on, the ledger's memo of each such charge says it was simulated.
     pub bill_simulated: bool,
+    /// A node over its owner's thermal or power limits takes no new work at once; when it has
+    /// been over them this long, its bronze leases are preempted (SIGTERM, grace, kill).
+    pub over_limit_preempt_after_ms: u64,
     pub matcher: MatcherConfig,
 }
 
@@ -64,6 +67,10 @@ impl Config {
 
     pub fn heartbeat_timeout_us(&self) -> i64 {
         micros_of_ms(self.heartbeat_timeout_ms)
+    }
+
+    pub fn over_limit_preempt_after_us(&self) -> i64 {
+        micros_of_ms(self.over_limit_preempt_after_ms)
     }
 }
 
@@ -83,6 +90,7 @@ impl Default for Config {
             platform_fee_permille: 100,
             max_skew_ms: trust::DEFAULT_MAX_SKEW_MS,
             bill_simulated: false,
+            over_limit_preempt_after_ms: 60_000,
             matcher: MatcherConfig::default(),
         }
     }

@@ -167,6 +167,9 @@ impl FleetView {
             if !record.online || broken.contains(&position) {
                 matcher.set_node_offline(NodeId(position as u32), true);
             }
+            if record.over_limit_since.is_some() {
+                matcher.set_node_cordoned(NodeId(position as u32), true);
+            }
         }
         if !broken.is_empty() {
             tracing::error!(count = broken.len(), "nodes with unreadable policies are kept offline");
@@ -202,6 +205,17 @@ impl FleetView {
             }
         }
         lost
+    }
+
+    /// Applies a node going over its owner's limits (it takes no new work) or back within them.
+    pub fn set_over_limit(&mut self, store_node: i64, since: Option<i64>) {
+        let Some(node) = self.dense.get(&store_node).copied() else {
+            return;
+        };
+        if let Some(record) = self.records.get_mut(node.index()) {
+            record.over_limit_since = since;
+        }
+        self.matcher.set_node_cordoned(node, since.is_some());
     }
 
     pub fn record_lease(&mut self, store_lease: i64, id: LeaseId) {

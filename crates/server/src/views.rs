@@ -78,6 +78,7 @@ pub fn node_view(record: &NodeRecord, reliability: f64, live_leases: i64, earnin
             .telemetry
             .as_deref()
             .and_then(|text| serde_json::from_str(text).ok()),
+        over_limit_since_us: record.over_limit_since,
         live_leases,
         earnings_micros,
     }

@@ -1042,3 +1042,111 @@ async fn a_gang_that_loses_a_node_is_repaired_beside_its_survivor() {
     )
     .await;
 }
+
+/// A node over its owner's thermal or power limit (its heartbeats say so) takes no new work at
+/// once; when that lasts, its bronze work is preempted and queued again; back within its limits
+/// it takes work again. The node's view shows since when it has been over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_over_its_limits_takes_no_new_work_and_sheds_bronze_if_it_lasts() {
+    on_every_backend_with(
+        |config| {
+            config.matcher.preemption_grace_s = 1;
+            config.over_limit_preempt_after_ms = 1500;
+        },
+        async |h: &Harness| {
+            let (tenant, provider) = tenant_and_provider(h).await;
+            let hot = h.node(&provider, "hot", |_| {}).await;
+            let mut bronze = job_request("bronze-sweep");
+            bronze["tier"] = json!("bronze");
+            bronze["preemptible"] = json!(true);
+            let bronze_id = micros(&h.submit(&tenant, bronze).await["id"]);
+            let (_, running) = run_until_placed(h, &hot, &tenant, bronze_id).await;
+            hot.event(&running, "running").await.expect(200, "bronze runs");
+
+            let beat = async |over: bool| {
+                hot.signed("POST", "/v1/agent/heartbeat", Some(&json!({"over_limit": over})))
+                    .await
+                    .expect(200, "heartbeat with over_limit");
+            };
+            let before = server::now_us();
+            beat(true).await;
+            let node = h
+                .get(&provider.key, &format!("/v1/nodes/{}", hot.node_id))
+                .await
+                .expect(200, "node");
+            let since = micros(&node["over_limit_since_us"]);
+            assert!(
+                since >= before,
+                "{}: over since the heartbeat that said so: {node}",
+                h.backend
+            );
+            assert_eq!(node["telemetry"]["over_limit"], true, "{}: {node}", h.backend);
+
+            // New work waits, though the node has free GPUs, and says why.
+            let silver_id = micros(&h.submit(&tenant, job_request("silver-infer")).await["id"]);
+            let waiting = h
+                .wait_for("the silver job to be refused the hot node", async || {
+                    beat(true).await;
+                    let view = h
+                        .get(&tenant.key, &format!("/v1/jobs/{silver_id}"))
+                        .await
+                        .expect(200, "silver");
+                    let why = view["explanation"].as_str().unwrap_or_default().to_string();
+                    (view["state"] == "queued" && why.contains("1 over its owner's thermal or power limit"))
+                        .then_some(view)
+                })
+                .await;
+            assert!(
+                waiting["leases"].as_array().is_none_or(|leases| leases.is_empty()),
+                "{}: {waiting}",
+                h.backend
+            );
+
+            // It lasts: the bronze lease is told to stop, then ended and its job queued again.
+            let stopped = h
+                .wait_for("the bronze lease to be preempted", async || {
+                    beat(true).await;
+                    let view = h
+                        .get(&tenant.key, &format!("/v1/jobs/{bronze_id}"))
+                        .await
+                        .expect(200, "bronze");
+                    let lease = view["leases"]
+                        .as_array()?
+                        .iter()
+                        .find(|lease| lease["id"] == running["id"])?
+                        .clone();
+                    (lease["state"] == "preempted").then_some(lease)
+                })
+                .await;
+            assert!(
+                stopped["end_reason"].as_str().unwrap_or_default().contains("limit"),
+                "{}: {stopped}",
+                h.backend
+            );
+            assert!(
+                micros(&stopped["ended_at_us"]) >= since + 1_500_000,
+                "{}: not before the condition lasted: {stopped}",
+                h.backend
+            );
+            let view = h
+                .get(&tenant.key, &format!("/v1/jobs/{silver_id}"))
+                .await
+                .expect(200, "silver");
+            assert_eq!(
+                view["state"], "queued",
+                "{}: still nothing placed on it: {view}",
+                h.backend
+            );
+
+            // Back within its limits: it takes work again.
+            beat(false).await;
+            let node = h
+                .get(&provider.key, &format!("/v1/nodes/{}", hot.node_id))
+                .await
+                .expect(200, "node");
+            assert_eq!(node["over_limit_since_us"], Value::Null, "{}: {node}", h.backend);
+            run_until_placed(h, &hot, &tenant, silver_id).await;
+        },
+    )
+    .await;
+}

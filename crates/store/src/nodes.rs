@@ -12,7 +12,7 @@ const HEARTBEATS_PER_STATEMENT_MAX: usize = 512;
 
 const NODE_COLUMNS: &str = "id, provider_id, name, public_key, fingerprint, fingerprint_changed_at, region, site, \
     fabric, nvlink_domain, latitude, longitude, gpu_model, gpu_count, cpu_milli, memory_mib, network_mbit_s, \
-    simulated, policy, datasets, registered_at, updated_at, last_heartbeat_at, online, telemetry";
+    simulated, policy, datasets, registered_at, updated_at, last_heartbeat_at, online, telemetry, over_limit_since";
 
 fn node_from(row: &AnyRow) -> Result<NodeRecord> {
     Ok(NodeRecord {
@@ -43,6 +43,7 @@ fn node_from(row: &AnyRow) -> Result<NodeRecord> {
         last_heartbeat_at: row.try_get("last_heartbeat_at")?,
         online: row.try_get::<i64, _>("online")? != 0,
         telemetry: row.try_get("telemetry")?,
+        over_limit_since: row.try_get("over_limit_since")?,
     })
 }
 
@@ -92,6 +93,7 @@ impl Store {
             last_heartbeat_at: None,
             online: false,
             telemetry: None,
+            over_limit_since: None,
         })
     }
 
@@ -296,6 +298,62 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected())
+    }
+
+    /// Marks a node over its owner's limits since `now` (`over`), or back within them; returns
+    /// whether that changed anything. A change moves `over_limit_changed_at` (see
+    /// `over_limit_changes_since`).
+    pub async fn set_node_over_limit(&self, id: i64, over: bool, now: i64) -> Result<bool> {
+        let query = if over {
+            "UPDATE nodes SET over_limit_since = $1, over_limit_changed_at = $1 WHERE id = $2 AND over_limit_since IS NULL"
+        } else {
+            "UPDATE nodes SET over_limit_since = NULL, over_limit_changed_at = $1 WHERE id = $2 AND over_limit_since IS NOT NULL"
+        };
+        let done = sqlx::query(query).bind(now).bind(id).execute(&self.pool).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Since when a node has been over its owner's limits (`None`: it is not, or is unknown).
+    pub async fn node_over_limit_since(&self, id: i64) -> Result<Option<i64>> {
+        let row = sqlx::query("SELECT over_limit_since FROM nodes WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(row) => row.try_get("over_limit_since")?,
+            None => None,
+        })
+    }
+
+    /// Nodes whose over-limit state changed at or after `since`: (id, over since, changed at).
+    pub async fn over_limit_changes_since(&self, since: i64) -> Result<Vec<(i64, Option<i64>, i64)>> {
+        let rows = sqlx::query(
+            "SELECT id, over_limit_since, over_limit_changed_at FROM nodes \
+             WHERE over_limit_changed_at >= $1 ORDER BY over_limit_changed_at, id",
+        )
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get("id")?,
+                    row.try_get("over_limit_since")?,
+                    row.try_get("over_limit_changed_at")?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Nodes over their owner's limits since `before` or earlier, in id order.
+    pub async fn nodes_over_limit_since(&self, before: i64) -> Result<Vec<i64>> {
+        let rows = sqlx::query(
+            "SELECT id FROM nodes WHERE over_limit_since IS NOT NULL AND over_limit_since <= $1 ORDER BY id",
+        )
+        .bind(before)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|row| Ok(row.try_get("id")?)).collect()
     }
 
     /// Nodes whose online state changed at or after `since`: (id, online, changed at).

@@ -130,6 +130,8 @@ pub struct NodeRecord {
     pub last_heartbeat_at: Option<i64>,
     pub online: bool,
     pub telemetry: Option<String>,
+    /// Since when the node has been over its owner's thermal or power limits, if it is.
+    pub over_limit_since: Option<i64>,
 }
 
 /// One heartbeat to record: batched, many per transaction.
