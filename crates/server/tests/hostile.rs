@@ -1373,3 +1373,72 @@ async fn random_job_bodies_get_201_or_a_400_never_a_5xx() {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
+
+/// Key rotation (`POST /v1/agent/key`, signed by the node's current key) refuses a key that is
+/// not one, the current key, another node's key, an unsigned request and extra fields; every
+/// refusal leaves the old key working. After a rotation the old key is refused and cannot
+/// rotate again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_key_rotations_are_refused_and_change_nothing() {
+    on_every_backend(async |h: &Harness| {
+        let provider = h.provider("gpu-farm").await;
+        let node = h.node(&provider, "rotating", |_| {}).await;
+        let other = h.node(&provider, "neighbour", |_| {}).await;
+        let path = "/v1/agent/key";
+        let rotation = |label: &str, body: Value| node.raw(label, "POST", path, Some(&body));
+        let fresh = trust::NodeKey::generate().public_hex();
+        let cases = vec![
+            expect_saying(
+                rotation("not hex", json!({"public_key": "zz".repeat(32)})),
+                400,
+                "public",
+            ),
+            expect_saying(
+                rotation("too short", json!({"public_key": &fresh[..62]})),
+                400,
+                "public",
+            ),
+            expect_saying(rotation("empty", json!({"public_key": ""})), 400, "public"),
+            expect(rotation("not a string", json!({"public_key": 7})), 400),
+            expect(rotation("no key", json!({})), 400),
+            expect(
+                rotation("an unknown field", json!({"public_key": fresh, "private_key": "x"})),
+                400,
+            ),
+            expect_saying(
+                rotation("the current key", json!({"public_key": node.key.public_hex()})),
+                400,
+                "current key",
+            ),
+            expect(
+                rotation("another node's key", json!({"public_key": other.key.public_hex()})),
+                409,
+            ),
+            expect_saying(
+                Raw::new("unsigned", "POST", path)
+                    .json_bytes(serde_json::to_vec(&json!({"public_key": fresh})).unwrap()),
+                400,
+                "x-fallow-node",
+            ),
+        ];
+        check_refused(h, cases).await;
+        node.heartbeat().await;
+
+        let new_key = trust::NodeKey::generate();
+        let rotated = node
+            .signed("POST", path, Some(&json!({"public_key": new_key.public_hex()})))
+            .await
+            .expect(200, "a good rotation");
+        assert_eq!(rotated["public_key"], new_key.public_hex(), "{}", h.backend);
+        // The old key no longer signs for the node, not even another rotation.
+        h.wait_for("the old key to be refused", async || {
+            let reply = node.signed("POST", "/v1/agent/heartbeat", Some(&json!({}))).await;
+            (reply.status == 401).then_some(())
+        })
+        .await;
+        let again = node.signed("POST", path, Some(&json!({"public_key": fresh}))).await;
+        assert_eq!(again.status, 401, "{}: {}", h.backend, again.text);
+        other.heartbeat().await;
+    })
+    .await;
+}
