@@ -2,8 +2,8 @@
 //! is wrong and what would be right.
 
 use model::{
-    ClientLocation, Dataset, GpuCatalog, GpuDemand, JobId, JobSpec, Micros, RegionId, ReplicaResources, TenantId, Tier,
-    TopologyLevel,
+    ClientLocation, Dataset, GpuCatalog, GpuDemand, JobId, JobSpec, Micros, RegionId, ReplicaResources, Runtime,
+    TenantId, Tier, TopologyLevel,
 };
 
 use crate::{
@@ -220,6 +220,13 @@ impl JobRequest {
         {
             return bad("client_token: give 1–128 printable characters");
         }
+        let runtime = match self.runtime.as_deref() {
+            None => None,
+            Some(text) => match Runtime::parse(text) {
+                Some(runtime) => Some(runtime),
+                None => return bad(format!("runtime: {text:?} is not container or process")),
+            },
+        };
         Ok(JobSpec {
             id: JobId(id as u64),
             tenant: TenantId(tenant as u32),
@@ -243,6 +250,7 @@ impl JobRequest {
             max_runtime_s: self.max_runtime_s,
             checkpoint_interval_s: self.checkpoint_interval_s,
             submitted_at: submitted_at_s,
+            runtime,
         })
     }
 }

@@ -122,6 +122,10 @@ pub struct JobRequest {
     /// An idempotency token: submitting again with the same token returns the first job.
     #[serde(default)]
     pub client_token: Option<String>,
+    /// "container" (`image` is a container image) or "process" (bare metal: `image` is the
+    /// program, `command` its arguments); absent: whatever the node runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
 }
 
 fn one() -> u32 {
@@ -299,6 +303,9 @@ pub struct NodeRegistration {
     #[serde(default)]
     pub simulated: bool,
     pub policy: PolicyDoc,
+    /// The runtimes the agent runs replicas in: "container", "process"; empty: both.
+    #[serde(default)]
+    pub runtimes: Vec<String>,
 }
 
 fn network_default() -> u32 {
@@ -322,6 +329,8 @@ pub struct NodeView {
     pub fabric: String,
     pub nvlink_domain: String,
     pub simulated: bool,
+    /// The runtimes its agent runs replicas in.
+    pub runtimes: Vec<String>,
     pub online: bool,
     pub last_heartbeat_at_us: Option<i64>,
     pub reliability: f64,

@@ -577,6 +577,7 @@ fn fleet_registrations(nodes: usize, seed: u64, keys: &[NodeKey]) -> Vec<NodeReg
                 thermal_limit_c: Some(87),
                 ..PolicyDoc::default()
             },
+            runtimes: Vec::new(),
         });
     }
     registrations

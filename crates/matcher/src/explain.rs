@@ -164,6 +164,10 @@ impl Matcher {
             },
             Reason::Reserved => "reserved for other jobs".into(),
             Reason::OverLimit => "over its owner's thermal or power limit".into(),
+            Reason::Runtime => match job.runtime {
+                Some(runtime) => format!("does not run {} jobs", runtime.name()),
+                None => "runtime".into(),
+            },
         }
     }
 

@@ -23,10 +23,11 @@ pub enum Reason {
     GpuCapacity,
     Reserved,
     OverLimit,
+    Runtime,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::Offline,
         Reason::Region,
         Reason::GpuModel,
@@ -41,6 +42,7 @@ impl Reason {
         Reason::GpuCapacity,
         Reason::Reserved,
         Reason::OverLimit,
+        Reason::Runtime,
     ];
 
     pub fn name(self) -> &'static str {
@@ -59,6 +61,7 @@ impl Reason {
             Reason::GpuCapacity => "gpu_capacity",
             Reason::Reserved => "reserved",
             Reason::OverLimit => "over_limit",
+            Reason::Runtime => "runtime",
         }
     }
 }
@@ -202,6 +205,11 @@ impl Matcher {
         }
         if statics.classes & (1 << job.class as u8) == 0 {
             return Err(Reason::ClassNotAllowed);
+        }
+        if let Some(runtime) = job.runtime
+            && statics.runtimes & (1 << runtime as u8) == 0
+        {
+            return Err(Reason::Runtime);
         }
         if statics.reliability_ppm < job.reliability_min_ppm {
             return Err(Reason::Reliability);

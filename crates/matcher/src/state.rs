@@ -24,6 +24,7 @@ pub(crate) struct NodeStatic {
     pub gpu_count: u8,
     pub tiers: u8,
     pub classes: u8,
+    pub runtimes: u8,
     pub always_available: bool,
     pub has_price_rules: bool,
     /// Windows that are all weekly: availability is constant within a minute.
@@ -282,6 +283,7 @@ impl Matcher {
                 gpu_count: node.gpu_count,
                 tiers: node.policy.allowed_tiers.0,
                 classes: node.policy.allowed_classes.0,
+                runtimes: node.runtimes.0,
                 always_available: node.policy.windows.is_empty(),
                 has_price_rules: !node.policy.price_rules.is_empty(),
                 weekly_windows_only: node

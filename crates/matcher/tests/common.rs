@@ -106,6 +106,7 @@ pub fn fleet(specs: Vec<NodeSpec>) -> (Topology, Vec<Node>) {
             reliability_ppm: (spec.reliability * 1e6) as u32,
             policy: ProviderPolicy::flat(Micros::parse_dollars(spec.ask).expect("ask")),
             simulated: false,
+            runtimes: model::RuntimeSet::ALL,
         });
     }
     (topology, nodes)

@@ -435,3 +435,39 @@ fn a_cordoned_node_takes_no_new_work_and_keeps_what_runs() {
         hot
     );
 }
+
+#[test]
+fn a_job_that_names_its_runtime_goes_only_where_that_runs() {
+    let (topology, mut nodes) = fleet(vec![
+        node("eu", "H100", 8, "1.00", 0.99),
+        node("eu", "H100", 8, "2.00", 0.99),
+    ]);
+    nodes[0].runtimes = model::RuntimeSet::of(&[model::Runtime::Container]);
+    nodes[1].runtimes = model::RuntimeSet::of(&[model::Runtime::Process]);
+    let mut m = matcher::Matcher::new(topology, nodes, matcher::MatcherConfig::default());
+    let mut process = job(1, Tier::Silver, whole(1), "5");
+    process.runtime = Some(model::Runtime::Process);
+    assert_eq!(
+        m.place(&process, NOW).unwrap().leases[0].node,
+        NodeId(1),
+        "not the cheaper container node"
+    );
+    let mut container = job(2, Tier::Silver, whole(1), "5");
+    container.runtime = Some(model::Runtime::Container);
+    assert_eq!(m.place(&container, NOW).unwrap().leases[0].node, NodeId(0));
+    let any = job(3, Tier::Silver, whole(1), "5");
+    assert_eq!(
+        m.place(&any, NOW).unwrap().leases[0].node,
+        NodeId(0),
+        "no runtime named: the cheapest"
+    );
+    let mut big = job(4, Tier::Silver, whole(8), "5");
+    big.runtime = Some(model::Runtime::Process);
+    let explained = m.explain(&big, NOW);
+    assert!(explained.excluded.contains(&(Reason::Runtime, 1)), "{explained:?}");
+    assert!(
+        explained.message.contains("does not run process jobs"),
+        "{}",
+        explained.message
+    );
+}

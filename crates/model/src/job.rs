@@ -125,6 +125,45 @@ pub struct ClientLocation {
     pub latency_target_ms: u32,
 }
 
+/// How a replica runs on its node: in a container (an image), or as a process of the host
+/// (bare metal: the image names the program).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Runtime {
+    Container = 0,
+    Process = 1,
+}
+
+impl Runtime {
+    pub const ALL: [Runtime; 2] = [Runtime::Container, Runtime::Process];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Runtime::Container => "container",
+            Runtime::Process => "process",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Runtime> {
+        Runtime::ALL.into_iter().find(|runtime| runtime.name() == text)
+    }
+}
+
+/// The runtimes a node can run replicas in, as a bit mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RuntimeSet(pub u8);
+
+impl RuntimeSet {
+    pub const ALL: RuntimeSet = RuntimeSet(0b11);
+
+    pub fn contains(self, runtime: Runtime) -> bool {
+        self.0 & (1 << runtime as u8) != 0
+    }
+
+    pub fn of(runtimes: &[Runtime]) -> RuntimeSet {
+        RuntimeSet(runtimes.iter().fold(0, |mask, runtime| mask | (1 << *runtime as u8)))
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobSpec {
     pub id: JobId,
@@ -147,6 +186,9 @@ pub struct JobSpec {
     pub max_runtime_s: u32,
     pub checkpoint_interval_s: u32,
     pub submitted_at: Timestamp,
+    /// The runtime the job needs; `None`: whatever the node runs (its image is then a container
+    /// image on a container node and a program on a process node).
+    pub runtime: Option<Runtime>,
 }
 
 impl JobSpec {
@@ -175,6 +217,7 @@ impl JobSpec {
             max_runtime_s: 3600,
             checkpoint_interval_s: 0,
             submitted_at: 0,
+            runtime: None,
         }
     }
 

@@ -13,7 +13,10 @@ pub mod topology;
 
 pub use catalog::{GpuCatalog, GpuModel, GpuSpec};
 pub use ids::{FabricId, JobId, LeaseId, NodeId, NvlinkDomainId, ProviderId, RegionId, SiteId, TenantId};
-pub use job::{ClientLocation, Dataset, GpuDemand, JobSpec, ReplicaResources, Tier, TopologyLevel, WorkloadClass};
+pub use job::{
+    ClientLocation, Dataset, GpuDemand, JobSpec, ReplicaResources, Runtime, RuntimeSet, Tier, TopologyLevel,
+    WorkloadClass,
+};
 pub use lease::{Lease, LeaseState};
 pub use money::Micros;
 pub use node::{GPU_MILLI_WHOLE, GPUS_PER_NODE_MAX, Node, NodeCapacity};

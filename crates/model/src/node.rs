@@ -29,6 +29,8 @@ pub struct Node {
     pub policy: ProviderPolicy,
     /// Declared simulated devices: never sold as real capacity.
     pub simulated: bool,
+    /// The runtimes its agent can run replicas in.
+    pub runtimes: crate::RuntimeSet,
 }
 
 impl Node {

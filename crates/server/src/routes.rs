@@ -595,6 +595,23 @@ pub async fn register_node(
         ));
     }
     registration.policy.to_model()?;
+    let mut runtimes: Vec<model::Runtime> = Vec::new();
+    for name in &registration.runtimes {
+        let runtime = model::Runtime::parse(name)
+            .ok_or_else(|| ApiError::BadRequest(format!("runtimes: {name:?} is not container or process")))?;
+        if !runtimes.contains(&runtime) {
+            runtimes.push(runtime);
+        }
+    }
+    if runtimes.is_empty() {
+        runtimes = model::Runtime::ALL.to_vec();
+    }
+    runtimes.sort();
+    let runtimes = runtimes
+        .iter()
+        .map(|runtime| runtime.name())
+        .collect::<Vec<_>>()
+        .join(",");
     let policy = serde_json::to_string(&registration.policy).map_err(|error| ApiError::Internal(error.to_string()))?;
     let record = state
         .store
@@ -618,6 +635,7 @@ pub async fn register_node(
                 simulated: registration.simulated,
                 policy,
                 datasets: "[]".to_string(),
+                runtimes,
             },
             now_us(),
         )

@@ -96,6 +96,7 @@ impl FleetView {
                 reliability_ppm: (reliability(ok, faults) * 1e6).round() as u32,
                 policy: policy.unwrap_or_else(|| model::ProviderPolicy::flat(Micros(i64::MAX / 4))),
                 simulated: node.simulated,
+                runtimes: runtime_set(&node.runtimes),
             });
         }
         let mut matcher = Matcher::new(topology, nodes, config);
@@ -238,4 +239,10 @@ pub fn dataset_ids(json: &str) -> Vec<u64> {
     ids.sort_unstable();
     ids.dedup();
     ids
+}
+
+/// The runtimes a node's row lists (comma-separated names); unknown names are skipped.
+pub fn runtime_set(names: &str) -> model::RuntimeSet {
+    let runtimes: Vec<model::Runtime> = names.split(',').filter_map(model::Runtime::parse).collect();
+    model::RuntimeSet::of(&runtimes)
 }

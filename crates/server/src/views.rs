@@ -70,6 +70,12 @@ pub fn node_view(record: &NodeRecord, reliability: f64, live_leases: i64, earnin
         fabric: node.fabric.clone(),
         nvlink_domain: node.nvlink_domain.clone(),
         simulated: node.simulated,
+        runtimes: node
+            .runtimes
+            .split(',')
+            .filter(|name| !name.is_empty())
+            .map(str::to_string)
+            .collect(),
         online: record.online,
         last_heartbeat_at_us: record.last_heartbeat_at,
         reliability,

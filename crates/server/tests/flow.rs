@@ -1150,3 +1150,53 @@ async fn a_node_over_its_limits_takes_no_new_work_and_sheds_bronze_if_it_lasts()
     )
     .await;
 }
+
+/// Nodes say which runtimes their agent runs (container, process); a job that names its
+/// runtime goes only where that runs, and a bad name is refused with the field named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_process_job_goes_to_a_node_that_runs_processes() {
+    on_every_backend(async |h: &Harness| {
+        let (tenant, provider) = tenant_and_provider(h).await;
+        let containers = h
+            .node(&provider, "containers-only", |registration| {
+                registration["runtimes"] = json!(["container"]);
+                registration["policy"]["asks"] = json!({"silver": "1.00"});
+            })
+            .await;
+        let bare = h
+            .node(&provider, "bare-metal", |registration| {
+                registration["runtimes"] = json!(["process"]);
+            })
+            .await;
+        let view = h
+            .get(&provider.key, &format!("/v1/nodes/{}", bare.node_id))
+            .await
+            .expect(200, "node");
+        assert_eq!(view["runtimes"], json!(["process"]), "{}: {view}", h.backend);
+        let view = h
+            .get(&provider.key, &format!("/v1/nodes/{}", containers.node_id))
+            .await
+            .expect(200, "node");
+        assert_eq!(view["runtimes"], json!(["container"]), "{}: {view}", h.backend);
+        containers.heartbeat().await;
+
+        let mut request = job_request("bare");
+        request["runtime"] = json!("process");
+        request["image"] = json!("sh");
+        let id = micros(&h.submit(&tenant, request).await["id"]);
+        let (placed, _) = run_until_placed(h, &bare, &tenant, id).await;
+        assert_eq!(placed["spec"]["runtime"], "process", "{}: {placed}", h.backend);
+
+        let mut bad = job_request("bad-runtime");
+        bad["runtime"] = json!("vm");
+        let reply = h.post(&tenant.key, "/v1/jobs", bad).await;
+        assert_eq!(reply.status, 400, "{}: {}", h.backend, reply.text);
+        assert!(reply.text.contains("runtime"), "{}: {}", h.backend, reply.text);
+        let mut registration = common::node_registration(&trust::NodeKey::generate(), "weird");
+        registration["runtimes"] = json!(["vm"]);
+        let reply = h.post(&provider.key, "/v1/nodes", registration).await;
+        assert_eq!(reply.status, 400, "{}: {}", h.backend, reply.text);
+        assert!(reply.text.contains("runtimes"), "{}: {}", h.backend, reply.text);
+    })
+    .await;
+}

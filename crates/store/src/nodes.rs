@@ -12,7 +12,7 @@ const HEARTBEATS_PER_STATEMENT_MAX: usize = 512;
 
 const NODE_COLUMNS: &str = "id, provider_id, name, public_key, fingerprint, fingerprint_changed_at, region, site, \
     fabric, nvlink_domain, latitude, longitude, gpu_model, gpu_count, cpu_milli, memory_mib, network_mbit_s, \
-    simulated, policy, datasets, registered_at, updated_at, last_heartbeat_at, online, telemetry, over_limit_since";
+    simulated, policy, datasets, registered_at, updated_at, last_heartbeat_at, online, telemetry, over_limit_since, runtimes";
 
 fn node_from(row: &AnyRow) -> Result<NodeRecord> {
     Ok(NodeRecord {
@@ -36,6 +36,7 @@ fn node_from(row: &AnyRow) -> Result<NodeRecord> {
             simulated: row.try_get::<i64, _>("simulated")? != 0,
             policy: row.try_get("policy")?,
             datasets: row.try_get("datasets")?,
+            runtimes: row.try_get("runtimes")?,
         },
         fingerprint_changed_at: row.try_get("fingerprint_changed_at")?,
         registered_at: row.try_get("registered_at")?,
@@ -52,8 +53,8 @@ impl Store {
         let row = sqlx::query(
             "INSERT INTO nodes (provider_id, name, public_key, fingerprint, region, site, fabric, nvlink_domain, \
              latitude, longitude, gpu_model, gpu_count, cpu_milli, memory_mib, network_mbit_s, simulated, policy, \
-             datasets, registered_at, updated_at, online) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $19, 0) \
+             datasets, registered_at, updated_at, online, runtimes) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $19, 0, $20) \
              RETURNING id",
         )
         .bind(node.provider_id)
@@ -75,6 +76,7 @@ impl Store {
         .bind(&node.policy)
         .bind(&node.datasets)
         .bind(now)
+        .bind(&node.runtimes)
         .fetch_one(&self.pool)
         .await
         .map_err(|error| {

@@ -118,6 +118,8 @@ pub struct NewNode {
     pub policy: String,
     /// Content hashes of the datasets the node holds, as a JSON array.
     pub datasets: String,
+    /// The runtimes its agent runs replicas in, comma-separated ("container,process").
+    pub runtimes: String,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -89,6 +89,7 @@ fn node(provider_id: i64, name: &str) -> NewNode {
         simulated: true,
         policy: "{}".to_string(),
         datasets: "[]".to_string(),
+        runtimes: "container,process".to_string(),
     }
 }
 

@@ -403,6 +403,7 @@ fn build_node(
         reliability_ppm: profile.reliability_ppm,
         policy,
         simulated: false,
+        runtimes: model::RuntimeSet::ALL,
     }
 }
 

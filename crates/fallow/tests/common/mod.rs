@@ -423,6 +423,7 @@ pub async fn set_up_market(
                 asks: BTreeMap::from([("silver".to_string(), ASK_DOLLARS.to_string())]),
                 ..PolicyDoc::default()
             },
+            runtimes: Vec::new(),
         };
         let node: NodeView = call(
             http,
