@@ -15,6 +15,7 @@ use trust::NodeKey;
 use crate::client::{Client, ClientError, LeaseSet};
 use crate::exec::{Executor, Exit, RunSpec};
 use crate::gpu::Inventory;
+use crate::guard::{Fence, Guards};
 use crate::state::{self, NodeState, RunRecord};
 
 /// How long a lease long-poll waits for a change.
@@ -49,6 +50,9 @@ pub struct AgentConfig {
     pub grace: Duration,
     /// Whether jobs may name datasets by `file://` URL (tests, air-gapped sites); off by default.
     pub allow_file_datasets: bool,
+    /// The `fallow` binary, started as `PROGRAM agent guard ...` beside each replica to stop it
+    /// when this agent stops vouching for it (`crate::guard`); `None` starts no guards.
+    pub guard_program: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -151,6 +155,8 @@ pub struct Agent<E: Executor> {
     contact: tokio::sync::watch::Sender<tokio::time::Instant>,
     /// The coordinator's heartbeat timeout, from its last heartbeat answer.
     heartbeat_timeout: Option<Duration>,
+    /// The replicas' guards, by lease id (none without `AgentConfig::guard_program`).
+    guards: Guards,
 }
 
 fn now_ms() -> i64 {
@@ -199,6 +205,7 @@ impl<E: Executor> Agent<E> {
                     longitude: 0.0,
                     simulated: inventory.simulated,
                     policy: config.policy.clone(),
+                    runtimes: Vec::new(),
                 };
                 let node = client.register(provider_key, &registration).await?;
                 state::write_node(
@@ -229,6 +236,7 @@ impl<E: Executor> Agent<E> {
             ended: std::collections::HashSet::new(),
             contact: tokio::sync::watch::Sender::new(tokio::time::Instant::now()),
             heartbeat_timeout: None,
+            guards: Guards::default(),
         })
     }
 
@@ -279,6 +287,8 @@ impl<E: Executor> Agent<E> {
             self.contact.clone(),
             shutdown.clone(),
         ));
+        // Ends when the agent does (its contact sender with it), or with the process.
+        tokio::spawn(feed_guards(self.contact.subscribe(), self.guards.clone()));
         let mut heartbeat_every = Duration::from_secs(10);
         let mut next_heartbeat = tokio::time::Instant::now();
         loop {
@@ -387,6 +397,11 @@ impl<E: Executor> Agent<E> {
                 self.launch_waiting = true;
                 continue;
             }
+            if self.config.guard_program.is_some() && self.fence().is_none() {
+                // A guard needs the fence time, which the first heartbeat answer brings.
+                self.launch_waiting = true;
+                continue;
+            }
             busy.extend(lease.lease.gpu_indices.iter().copied());
             self.launch(lease).await;
         }
@@ -449,6 +464,16 @@ impl<E: Executor> Agent<E> {
         }
         match self.executor.start(&spec).await {
             Ok(handle) => {
+                if let Err(error) = self.start_guard(id, &handle) {
+                    tracing::error!(lease = id, %error, "the replica's guard did not start; stopping the replica");
+                    let _ = self.executor.stop(&handle, Duration::ZERO).await;
+                    self.executor.clean_up(&spec).await;
+                    let reason = format!("the node could not guard the replica: {error}");
+                    if let Err(report) = self.report(lease, "failed", None, &reason).await {
+                        tracing::warn!(lease = id, error = %report, "could not report the failure");
+                    }
+                    return;
+                }
                 let now = now_ms();
                 let gpu_milli = lease.lease.gpu_indices.len() as i64 * lease.lease.gpu_milli;
                 if let Err(error) = self.report(lease, "running", None, "").await {
@@ -482,8 +507,36 @@ impl<E: Executor> Agent<E> {
         }
     }
 
+    /// Starts the guard of replica `id` when the agent has a guard program.
+    fn start_guard(&self, id: i64, handle: &E::Handle) -> std::io::Result<()> {
+        let Some(program) = &self.config.guard_program else {
+            return Ok(());
+        };
+        let fence = self
+            .fence()
+            .ok_or_else(|| std::io::Error::other("the coordinator's heartbeat timeout is not known yet"))?;
+        self.guards.start(id, program, self.executor.as_ref(), handle, fence)
+    }
+
+    /// How long the agent (and each guard) lets a replica run without word from the coordinator:
+    /// half its heartbeat timeout, with at most a quarter of it as grace, so the replica is gone
+    /// before the coordinator moves its lease a whole timeout after the node's last heartbeat.
+    /// `None` before the first heartbeat answer.
+    fn fence(&self) -> Option<Fence> {
+        let timeout = self.heartbeat_timeout?;
+        let fence = timeout / 2;
+        Some(Fence {
+            fence,
+            first: fence.saturating_sub(self.contact.borrow().elapsed()),
+            grace: self.config.grace.min(timeout / 4),
+        })
+    }
+
+    /// Stops a replica in the background; its guard is ended once it is stopped (it keeps
+    /// watching meanwhile).
     fn stop_in_background(&mut self, run: Run<E::Handle>, grace: Duration) {
         let executor = self.executor.clone();
+        let guards = self.guards.clone();
         let id = run.lease.lease.id;
         let gpus = run.lease.lease.gpu_indices.clone();
         self.stopping.insert(
@@ -492,6 +545,7 @@ impl<E: Executor> Agent<E> {
                 gpus,
                 tokio::spawn(async move {
                     let exit = executor.stop(&run.handle, grace).await.ok();
+                    guards.end(id).await;
                     executor.clean_up(&run.spec).await;
                     exit
                 }),
@@ -504,11 +558,11 @@ impl<E: Executor> Agent<E> {
     /// timeout), they are gone, so no lease runs twice at once. Their leases stay as the
     /// coordinator has them; if it still lists them when contact returns, they run again.
     fn fence_if_cut_off(&mut self) {
-        let Some(timeout) = self.heartbeat_timeout else { return };
-        if self.runs.is_empty() || self.contact.borrow().elapsed() < timeout / 2 {
+        let Some(fence) = self.fence() else { return };
+        if self.runs.is_empty() || self.contact.borrow().elapsed() < fence.fence {
             return;
         }
-        let grace = self.config.grace.min(timeout / 4);
+        let grace = fence.grace;
         tracing::warn!(
             replicas = self.runs.len(),
             "the coordinator has not answered for half the heartbeat timeout; stopping every replica"
@@ -521,9 +575,23 @@ impl<E: Executor> Agent<E> {
         }
     }
 
+    /// Takes the replicas whose guard stopped them (this agent was frozen, or slow to hear from
+    /// the coordinator) as fenced: stopped without an attestation, their leases left as the
+    /// coordinator has them, like `fence_if_cut_off`.
+    fn take_guarded_stops(&mut self) {
+        let Some(fence) = self.fence() else { return };
+        for id in self.guards.fired() {
+            if let Some(run) = self.runs.remove(&id) {
+                tracing::warn!(lease = id, "the replica's guard stopped it; leaving its lease as it is");
+                self.stop_in_background(run, fence.grace);
+            }
+        }
+    }
+
     /// Meters usage, notices ends, and starts the grace period of preempted replicas.
     async fn tend(&mut self) {
         self.fence_if_cut_off();
+        self.take_guarded_stops();
         self.stopping.retain(|_, (_, task)| !task.is_finished());
         if self.launch_waiting {
             let wanted = self.wanted.clone();
@@ -538,7 +606,10 @@ impl<E: Executor> Agent<E> {
             };
             match exit {
                 Ok(Some(exit)) => {
-                    if let Some(run) = self.runs.remove(&id) {
+                    if self.guards.has_fired(id) {
+                        // Stopped by its guard, not ended on its own.
+                        self.take_guarded_stops();
+                    } else if let Some(run) = self.runs.remove(&id) {
                         self.finish(run, exit).await;
                     }
                     continue;
@@ -661,6 +732,8 @@ impl<E: Executor> Agent<E> {
     /// that did not finish its work is left for the coordinator to end as preempted.
     async fn finish(&mut self, run: Run<E::Handle>, exit: Exit) {
         let id = run.lease.lease.id;
+        // The replica ended on its own: its guard has nothing left to stop.
+        self.guards.end(id).await;
         let now = now_ms();
         self.runs.insert(id, run);
         self.meter(id, now).await;
@@ -720,6 +793,14 @@ pub async fn rotate_key(data_dir: &std::path::Path, coordinator: &str) -> Result
     state::commit_pending_key(data_dir)?;
     tracing::info!(node = node.node_id, public_key = %new.public_hex(), "rotated the node's key");
     Ok(new.public_hex())
+}
+
+/// Writes a byte to every guard each time the agent hears from the coordinator, until the agent
+/// is gone.
+async fn feed_guards(mut contact: watch::Receiver<tokio::time::Instant>, guards: Guards) {
+    while contact.changed().await.is_ok() {
+        guards.feed();
+    }
 }
 
 /// Follows the lease set by long-poll and publishes each new one.

@@ -8,6 +8,7 @@ pub mod client;
 pub mod datasets;
 pub mod exec;
 pub mod gpu;
+pub mod guard;
 pub mod state;
 
 pub use agent::{Agent, AgentConfig, rotate_key};

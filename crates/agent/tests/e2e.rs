@@ -136,6 +136,7 @@ fn agent_config_via(world: &World, name: &str, coordinator: &str) -> AgentConfig
         usage_every: Duration::from_millis(500),
         grace: Duration::from_secs(2),
         allow_file_datasets: true,
+        guard_program: None,
     }
 }
 

@@ -1,5 +1,5 @@
-//! One conformance suite for every executor: the same replicas run by the process executor and
-//! by the Docker executor (a real Docker Engine, with an image built here from Debian's
+//! One conformance suite for every executor: the same replicas run (and stopped by a guard) by
+//! the process executor and by the Docker executor (a real Docker Engine, with an image built here from Debian's
 //! busybox-static: no registry is reachable). Without Docker the Docker leg prints SKIPPED, and
 //! with `FALLOW_CI_REQUIRE_SERVICES=1` (set by `.ci/run`) it fails instead.
 
@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use agent::exec::process::ProcessExecutor;
 use agent::exec::{Executor, RunSpec};
+use agent::guard;
 use common::{DEADLINE, IMAGE, docker, unique};
 
 /// A replica running `script` with /bin/sh, for either executor.
@@ -140,13 +141,53 @@ async fn conformance<E: Executor>(name: &str, executor: &E, image: &str) {
     assert!(error.to_string().contains("no"), "{name}: {error}");
 }
 
+/// A guard stops its replica by id, from outside the executor that started it, once its feed
+/// goes quiet, and not while it is fed.
+async fn guard_conformance<E: Executor>(name: &str, executor: &E, image: &str) {
+    use tokio::io::AsyncWriteExt;
+    let guarded = spec(image, "echo ready; while true; do sleep 0.1; done");
+    let handle = executor.start(&guarded).await.unwrap();
+    log_of(&guarded, "ready").await;
+    let (mut sender, receiver) = tokio::net::unix::pipe::pipe().unwrap();
+    let fence = guard::Fence {
+        fence: Duration::from_millis(400),
+        first: Duration::from_millis(400),
+        grace: Duration::from_secs(1),
+    };
+    let feeding = tokio::spawn(async move {
+        for _ in 0..6 {
+            sender.write_all(guard::FEED).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        sender
+    });
+    let started = Instant::now();
+    let mut report = Vec::new();
+    let fired = guard::run_guard(executor, &executor.handle_id(&handle), receiver, &mut report, fence)
+        .await
+        .unwrap_or_else(|error| panic!("{name}: the guard stops the replica: {error}"));
+    assert_eq!(fired, guard::Fired::Silence, "{name}");
+    assert_eq!(report, guard::FIRED, "{name}: it says so");
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "{name}: not while it was fed ({:?})",
+        started.elapsed()
+    );
+    let code = wait_exit(executor, &handle).await;
+    assert!(matches!(code, 143 | 137), "{name}: stopped by a signal, not {code}");
+    drop(feeding.await.unwrap());
+    executor.clean_up(&guarded).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_process_executor_conforms() {
     conformance("process", &ProcessExecutor, "/bin/sh").await;
+    guard_conformance("process", &ProcessExecutor, "/bin/sh").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_docker_executor_conforms() {
     let Some(executor) = docker().await else { return };
     conformance("docker", &executor, IMAGE).await;
+    guard_conformance("docker", &executor, IMAGE).await;
 }

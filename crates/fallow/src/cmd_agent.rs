@@ -67,12 +67,75 @@ enum AgentCommand {
     /// Make a new key for this node and have the coordinator take it (signed by the current
     /// key, which then stops working). Stop the agent first; start it again after.
     RotateKey,
+    /// A replica's guard, started by the agent beside each replica (stdin: the agent's feed);
+    /// not for people.
+    #[command(hide = true)]
+    Guard(GuardArgs),
+}
+
+#[derive(Args)]
+struct GuardArgs {
+    /// The executor that started the replica.
+    #[arg(long, value_enum)]
+    executor: ExecutorKind,
+    /// The replica: its process group id, or its container id.
+    #[arg(long)]
+    replica: String,
+    /// The longest wait for the agent's next byte.
+    #[arg(long)]
+    fence_ms: u64,
+    /// The longest wait for the agent's first byte.
+    #[arg(long)]
+    first_fence_ms: u64,
+    /// Between SIGTERM and SIGKILL.
+    #[arg(long)]
+    grace_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum ExecutorKind {
     Docker,
     Process,
+}
+
+/// Runs a replica's guard until it has stopped the replica (`agent::guard`); its stdin is the
+/// agent's feed.
+fn guard(args: GuardArgs) -> anyhow::Result<()> {
+    use std::os::fd::AsFd;
+    let fence = agent::guard::Fence {
+        fence: std::time::Duration::from_millis(args.fence_ms),
+        first: std::time::Duration::from_millis(args.first_fence_ms),
+        grace: std::time::Duration::from_millis(args.grace_ms),
+    };
+    // One per replica: a thread is enough.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let stdin = std::io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .context("the guard's stdin")?;
+        let feed = tokio::net::unix::pipe::Receiver::from_owned_fd(stdin)
+            .context("the guard's stdin must be the agent's pipe")?;
+        let mut report = std::io::stdout();
+        let fired = match args.executor {
+            ExecutorKind::Process => {
+                let executor = agent::exec::process::ProcessExecutor;
+                agent::guard::run_guard(&executor, &args.replica, feed, &mut report, fence).await
+            }
+            ExecutorKind::Docker => {
+                let executor = agent::exec::docker::DockerExecutor::connect(false)
+                    .await
+                    .context("the guard's Docker executor")?;
+                agent::guard::run_guard(&executor, &args.replica, feed, &mut report, fence).await
+            }
+        }
+        .context("stopping the replica")?;
+        tracing::info!(replica = %args.replica, ?fired, "the guard stopped its replica");
+        anyhow::Ok(())
+    })
 }
 
 /// Starts the agent with `executor` and runs it until Ctrl-C.
@@ -134,6 +197,9 @@ fn memory_mib() -> u64 {
 
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     crate::cmd_server::init_logging();
+    if let Some(AgentCommand::Guard(guard_args)) = args.command {
+        return guard(guard_args);
+    }
     if let Some(AgentCommand::RotateKey) = args.command {
         let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
         let public = runtime
@@ -169,6 +235,8 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         usage_every: std::time::Duration::from_secs(args.usage_every_s.max(1)),
         grace: std::time::Duration::from_secs(args.grace_s),
         allow_file_datasets: args.allow_file_datasets,
+        // This binary, as every replica's guard.
+        guard_program: Some(std::env::current_exe().context("finding the fallow binary, for the replicas' guards")?),
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {

@@ -82,6 +82,14 @@ impl DockerExecutor {
         });
     }
 
+    /// Docker sends SIGTERM, waits the grace period (whole seconds, rounded down: never longer
+    /// than asked), then SIGKILL.
+    async fn stop_container(&self, container: &str, grace: Duration) {
+        let seconds = i32::try_from(grace.as_secs()).unwrap_or(i32::MAX);
+        let options = StopContainerOptionsBuilder::new().t(seconds).build();
+        let _ = self.docker.stop_container(container, Some(options)).await;
+    }
+
     async fn exit_of(&self, container: &str) -> Result<Option<Exit>, ExecError> {
         let inspected = self
             .docker
@@ -103,6 +111,8 @@ impl DockerExecutor {
 
 impl Executor for DockerExecutor {
     type Handle = DockerHandle;
+
+    const NAME: &'static str = "docker";
 
     async fn start(&self, spec: &RunSpec) -> Result<DockerHandle, ExecError> {
         if spec.image.is_empty() {
@@ -200,11 +210,20 @@ impl Executor for DockerExecutor {
     }
 
     async fn stop(&self, handle: &DockerHandle, grace: Duration) -> Result<Exit, ExecError> {
-        let seconds = i32::try_from(grace.as_secs()).unwrap_or(i32::MAX);
-        let options = StopContainerOptionsBuilder::new().t(seconds).build();
-        // Docker sends SIGTERM, waits `t` seconds, then SIGKILL.
-        let _ = self.docker.stop_container(&handle.container, Some(options)).await;
+        self.stop_container(&handle.container, grace).await;
         Ok(self.exit_of(&handle.container).await?.unwrap_or(Exit { code: 137 }))
+    }
+
+    async fn stop_by_id(&self, id: &str, grace: Duration) -> Result<(), ExecError> {
+        self.stop_container(id, grace).await;
+        match self.exit_of(id).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(ExecError::Other(format!(
+                "container {id} still runs after it was stopped"
+            ))),
+            // Gone already (removed by the agent): nothing runs.
+            Err(_) => Ok(()),
+        }
     }
 
     fn image_digest(&self, handle: &DockerHandle) -> String {

@@ -1,5 +1,5 @@
 //! Executors run one replica of a lease: a process on the host (`process`), or a container
-//! (Docker, to come). The agent drives them through one trait, so one conformance suite checks
+//! (Docker). The agent drives them through one trait, so one conformance suite checks
 //! every executor the same way.
 
 pub mod docker;
@@ -61,6 +61,10 @@ pub enum ExecError {
 pub trait Executor: Send + Sync + 'static {
     type Handle: Send + Sync + Clone + std::fmt::Debug + 'static;
 
+    /// The executor's name on the command line (`fallow agent --executor NAME`), which a guard
+    /// process is told so that it stops the replica the same way (`crate::guard`).
+    const NAME: &'static str;
+
     /// Starts a replica; returns once it runs.
     fn start(&self, spec: &RunSpec) -> impl Future<Output = Result<Self::Handle, ExecError>> + Send;
 
@@ -76,6 +80,16 @@ pub trait Executor: Send + Sync + 'static {
 
     /// What a restarted agent needs to find the replica again (see `stop_leftovers`).
     fn handle_id(&self, handle: &Self::Handle) -> String;
+
+    /// Stops a replica known only by its id (`handle_id`) from another process than the one that
+    /// started it (a guard): SIGTERM, `grace`, then SIGKILL, like `stop`.
+    fn stop_by_id(&self, id: &str, grace: Duration) -> impl Future<Output = Result<(), ExecError>> + Send;
+
+    /// The process group a guard joins, so that the group's id cannot be taken by an unrelated
+    /// group while the guard lives (`None` where replicas are not process groups of this host).
+    fn guard_group(&self, _handle: &Self::Handle) -> Option<i32> {
+        None
+    }
 
     /// Stops what an earlier run of the agent started (`runs`, as it recorded them): a restarted
     /// agent runs the leases it still holds again, so none runs twice at once.

@@ -66,6 +66,14 @@ pub fn signal_group(pgid: i32, signal: i32) {
     }
 }
 
+/// Whether process `pid` has ended: it is gone, or a zombie waiting for its parent.
+fn ended(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+        .unwrap_or(true)
+}
+
 /// The program file a command names: a path as given, or the first match on `PATH`.
 fn resolve(program: &str) -> Option<PathBuf> {
     if program.contains('/') {
@@ -98,6 +106,8 @@ fn open_log(path: &Path) -> Result<std::fs::File, ExecError> {
 
 impl Executor for ProcessExecutor {
     type Handle = ProcessHandle;
+
+    const NAME: &'static str = "process";
 
     async fn start(&self, spec: &RunSpec) -> Result<ProcessHandle, ExecError> {
         let (program, args) = if spec.image.is_empty() {
@@ -220,6 +230,26 @@ impl Executor for ProcessExecutor {
 
     fn handle_id(&self, handle: &ProcessHandle) -> String {
         handle.pgid.to_string()
+    }
+
+    /// Without the child to reap, the group's first process (whose id is the group's) counts
+    /// as ended once it is gone or a zombie. A caller inside the group (a guard) must ignore
+    /// SIGTERM, and dies with the group's SIGKILL.
+    async fn stop_by_id(&self, id: &str, grace: Duration) -> Result<(), ExecError> {
+        let pgid: i32 = id
+            .parse()
+            .map_err(|_| ExecError::Other(format!("{id:?} is not a process group id")))?;
+        signal_group(pgid, libc::SIGTERM);
+        let deadline = tokio::time::Instant::now() + grace;
+        while tokio::time::Instant::now() < deadline && !ended(pgid) {
+            tokio::time::sleep(STOP_POLL).await;
+        }
+        signal_group(pgid, libc::SIGKILL);
+        Ok(())
+    }
+
+    fn guard_group(&self, handle: &ProcessHandle) -> Option<i32> {
+        Some(handle.pgid)
     }
 
     async fn stop_leftovers(&self, runs: &[crate::state::RunRecord]) {
