@@ -189,6 +189,113 @@ async fn wait_for_job(world: &World, id: i64, state: &str) -> Value {
     }
 }
 
+/// The tenant's credit in every world.
+const CREDIT_MICROS: i64 = 100_000_000;
+
+/// What one job was billed, each part checked to the micro-dollar by [`check_bill`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Bill {
+    /// GPU-milli-seconds metered by the job's usage records.
+    metered: i64,
+    /// Charged to the tenant.
+    charged: i64,
+    /// Credited to the provider: the charges less the platform fee.
+    earned: i64,
+}
+
+impl std::ops::Add for Bill {
+    type Output = Bill;
+    fn add(self, other: Bill) -> Bill {
+        Bill {
+            metered: self.metered + other.metered,
+            charged: self.charged + other.charged,
+            earned: self.earned + other.earned,
+        }
+    }
+}
+
+/// Checks the bill of an ended job against its usage records (read from the store): each record
+/// metered its period on the lease's GPUs, and charged exactly that at the lease's price
+/// (rounded to the nearest micro-dollar, as `Micros::cost_for` does); the job's cost is their
+/// sum; the provider's statement credits each record's charge less the fee (`fee_permille`,
+/// rounded down, as `ledger::usage` does); an attested lease attested what was metered; and
+/// nothing is left in the job's escrow.
+async fn check_bill(world: &World, job: i64) -> Bill {
+    let fee_permille = i64::from(world.running.state.config.platform_fee_permille);
+    let store = &world.running.state.store;
+    let (_, view) = tenant_get(world, &format!("/v1/jobs/{job}")).await;
+    let (_, statement) = call(world, &world.provider_key, reqwest::Method::GET, "/v1/statement", None).await;
+    let mut bill = Bill::default();
+    for lease in view["leases"].as_array().expect("the job's leases") {
+        let id = lease["id"].as_i64().unwrap();
+        let price = i128::from(lease["price_micros_per_gpu_hour"].as_i64().unwrap());
+        let gpu_milli = lease["gpu_indices"].as_array().unwrap().len() as i64 * lease["gpu_milli"].as_i64().unwrap();
+        let mut leased = Bill::default();
+        for record in store.usage_of_lease(id).await.unwrap() {
+            let body: Value = serde_json::from_str(&record.body).unwrap();
+            let period_ms = body["period_end_ms"].as_i64().unwrap() - body["period_start_ms"].as_i64().unwrap();
+            assert_eq!(
+                record.gpu_seconds_milli,
+                gpu_milli * period_ms / 1000,
+                "lease {id}: the record metered its period: {body}"
+            );
+            let charge = (price * i128::from(record.gpu_seconds_milli) + 1_800_000) / 3_600_000;
+            assert_eq!(
+                i128::from(record.charged_micros),
+                charge,
+                "lease {id}: charged its metered GPU-seconds at the lease's price: {body}"
+            );
+            leased = leased
+                + Bill {
+                    metered: record.gpu_seconds_milli,
+                    charged: record.charged_micros,
+                    earned: record.charged_micros - record.charged_micros * fee_permille / 1000,
+                };
+        }
+        let credited: i64 = statement["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|line| {
+                line["transaction"]
+                    .as_str()
+                    .is_some_and(|key| key.starts_with(&format!("usage:lease-{id}:")))
+            })
+            .map(|line| line["amount_micros"].as_i64().unwrap())
+            .sum();
+        assert_eq!(
+            credited, leased.earned,
+            "lease {id}: the provider was credited its charges less the fee: {statement}"
+        );
+        if let Some(attestation) = store.attestation(id).await.unwrap() {
+            let body: Value = serde_json::from_str(&attestation.body).unwrap();
+            assert_eq!(
+                body["gpu_seconds_milli"], leased.metered,
+                "lease {id}: the attestation and the usage records agree"
+            );
+        }
+        bill = bill + leased;
+    }
+    assert_eq!(view["cost_micros"], bill.charged, "the job's cost: {view}");
+    assert_eq!(view["escrow_micros"], 0, "the job's escrow was released: {view}");
+    bill
+}
+
+/// The tenant paid, and the provider earned, exactly `billed` in all (no job running).
+async fn check_balances(world: &World, billed: Bill) {
+    let (_, tenant) = tenant_get(world, "/v1/balance").await;
+    assert_eq!(
+        (tenant["available_micros"].as_i64(), tenant["escrow_micros"].as_i64()),
+        (Some(CREDIT_MICROS - billed.charged), Some(0)),
+        "the tenant paid exactly the metered usage ({billed:?}): {tenant}"
+    );
+    let (_, provider) = call(world, &world.provider_key, reqwest::Method::GET, "/v1/balance", None).await;
+    assert_eq!(
+        provider["earnings_micros"], billed.earned,
+        "the provider earned the usage less the fee ({billed:?}): {provider}"
+    );
+}
+
 async fn submit(world: &World, job: Value) -> i64 {
     let (status, view) = call(world, &world.tenant_key, reqwest::Method::POST, "/v1/jobs", Some(job)).await;
     assert_eq!(status, 201, "{view}");
@@ -197,7 +304,7 @@ async fn submit(world: &World, job: Value) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn e2e_a_process_job_runs_on_the_agent_and_is_attested() {
-    let world = world().await;
+    let world = world_with(|config| config.bill_simulated = true).await;
     let (node_id, stop, task) = start_agent(&world, "rig-1", ProcessExecutor).await;
     let key_mode = {
         use std::os::unix::fs::PermissionsExt;
@@ -234,13 +341,15 @@ async fn e2e_a_process_job_runs_on_the_agent_and_is_attested() {
         format!("lease {} on GPU {gpu}", lease["id"]),
         "its environment names its lease and GPU"
     );
-    assert_eq!(
-        finished["cost_micros"], 0,
-        "simulated GPUs are never billed: {finished}"
+    let hello = check_bill(&world, id).await;
+    // It ran 1.5 s on one GPU, metered every 0.5 s.
+    assert!(
+        (1_400..3_000).contains(&hello.metered) && hello.charged > 0,
+        "{hello:?}"
     );
     assert_eq!(
         finished["progress"],
-        json!({"unit": "tokens", "done": 1000, "cost_micros_per_million_units": 0}),
+        json!({"unit": "tokens", "done": 1000, "cost_micros_per_million_units": hello.charged * 1000}),
         "the job's reported progress: {finished}"
     );
     assert!(
@@ -266,6 +375,22 @@ async fn e2e_a_process_job_runs_on_the_agent_and_is_attested() {
     );
     let (_, logs) = tenant_get(&world, &format!("/v1/jobs/{failing}/logs")).await;
     assert_eq!(logs["chunks"][0]["text"], "oops\n", "stderr reaches the tenant: {logs}");
+    // Billed for the moment it ran, no more.
+    let failed_bill = check_bill(&world, failing).await;
+    assert!(failed_bill.metered < 1_000, "{failed_bill:?}");
+
+    // A program that does not exist: the lease fails with the reason, and nothing is billed.
+    let mut missing = job("no-program", "true");
+    missing["image"] = json!("/no/such/program");
+    let missing = submit(&world, missing).await;
+    let failed = wait_for_job(&world, missing, "failed").await;
+    let reason = failed["leases"][0]["end_reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("could not start the replica") && reason.contains("/no/such/program"),
+        "the reason names the program: {failed}"
+    );
+    assert_eq!(check_bill(&world, missing).await, Bill::default());
+    check_balances(&world, hello + failed_bill).await;
 
     stop_agent(stop, task).await;
     world.end().await;
@@ -360,7 +485,7 @@ async fn e2e_a_cancelled_job_is_stopped_and_a_restarted_agent_stops_its_leftover
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn e2e_a_container_job_runs_on_the_agent_and_is_attested() {
     let Some(executor) = docker().await else { return };
-    let world = world().await;
+    let world = world_with(|config| config.bill_simulated = true).await;
     let (node_id, stop, task) = start_agent(&world, "box-1", executor).await;
     let id = submit(
         &world,
@@ -409,6 +534,12 @@ async fn e2e_a_container_job_runs_on_the_agent_and_is_attested() {
         "the tenant reads the output through the API: {logs}"
     );
     assert_eq!(logs["chunks"][0]["lease_id"], lease["id"], "{logs}");
+    let in_a_box = check_bill(&world, id).await;
+    // It slept a second on one GPU, metered every 0.5 s.
+    assert!(
+        (900..5_000).contains(&in_a_box.metered) && in_a_box.charged > 0,
+        "{in_a_box:?}"
+    );
     let failing = submit(
         &world,
         json!({
@@ -430,6 +561,12 @@ async fn e2e_a_container_job_runs_on_the_agent_and_is_attested() {
             .contains("not on this node"),
         "a missing image fails the lease with the reason: {failed}"
     );
+    assert_eq!(
+        check_bill(&world, failing).await,
+        Bill::default(),
+        "nothing ran, nothing is billed"
+    );
+    check_balances(&world, in_a_box).await;
     stop_agent(stop, task).await;
     world.end().await;
 }
@@ -587,7 +724,11 @@ async fn e2e_a_rotated_key_replaces_the_old_one() {
     // The restarted agent signs with the new key and runs work.
     let (_, stop, task) = start_agent(&world, "rotor", ProcessExecutor).await;
     let id = submit(&world, job("after-rotation", "true")).await;
-    wait_for_job(&world, id, "finished").await;
+    let finished = wait_for_job(&world, id, "finished").await;
+    assert_eq!(
+        finished["cost_micros"], 0,
+        "simulated GPUs are never billed unless the coordinator bills play money: {finished}"
+    );
     stop_agent(stop, task).await;
     world.end().await;
 }
@@ -713,7 +854,7 @@ async fn e2e_a_preempted_job_resumes_from_its_checkpoint() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn e2e_datasets_are_verified_before_the_job_starts() {
-    let world = world().await;
+    let world = world_with(|config| config.bill_simulated = true).await;
     let (_, stop, task) = start_agent(&world, "library", ProcessExecutor).await;
     let source = world.dir.join("corpus.txt");
     std::fs::write(&source, "the quick brown fox\n").unwrap();
@@ -737,6 +878,13 @@ async fn e2e_datasets_are_verified_before_the_job_starts() {
     let failed = wait_for_job(&world, bad, "failed").await;
     let reason = failed["leases"][0]["end_reason"].as_str().unwrap_or("");
     assert!(reason.contains("does not match"), "the reason says why: {failed}");
+    let read = check_bill(&world, good).await;
+    assert_eq!(
+        check_bill(&world, bad).await,
+        Bill::default(),
+        "a job that never started is not billed"
+    );
+    check_balances(&world, read).await;
     stop_agent(stop, task).await;
     world.end().await;
 }
