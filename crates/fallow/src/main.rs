@@ -1,5 +1,6 @@
 //! The `fallow` binary: one executable with subcommands, the way Nomad and Vault ship.
 
+mod cli;
 mod cmd_agent;
 mod cmd_bench;
 mod cmd_bench_api;
@@ -24,6 +25,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Tenants: submit, list, show, follow, cancel and quote jobs.
+    Job(Box<cli::job::JobArgs>),
+    /// Tenants: search the market's offers.
+    Offers(cli::offers::OffersArgs),
+    /// Tenants: balance and usage.
+    Tenant(cli::tenant::TenantArgs),
+    /// Providers: nodes, their policy and their calendar.
+    Node(cli::node::NodeArgs),
+    /// Providers: earnings.
+    Provider(cli::provider::ProviderArgs),
+    /// Admins: accounts, API keys and credits.
+    Admin(cli::admin::AdminArgs),
+    /// Shell completions (bash, zsh, fish, elvish, powershell).
+    Completions(cli::completions::CompletionsArgs),
     /// The provider agent: registers the node, runs leased jobs, reports signed usage.
     Agent(cmd_agent::AgentArgs),
     /// Benchmarks of the matching engine (JSON on stdout).
@@ -39,6 +54,13 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Job(args) => cli::job::run(*args),
+        Command::Offers(args) => cli::offers::run(args),
+        Command::Tenant(args) => cli::tenant::run(args),
+        Command::Node(args) => cli::node::run(args),
+        Command::Provider(args) => cli::provider::run(args),
+        Command::Admin(args) => cli::admin::run(args),
+        Command::Completions(args) => cli::completions::run(args),
         Command::Agent(args) => cmd_agent::run(args),
         Command::Bench(command) => cmd_bench::run(command),
         Command::Server(args) => cmd_server::run(args),

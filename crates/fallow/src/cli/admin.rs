@@ -1,0 +1,196 @@
+//! `fallow admin`: accounts, API keys and credits, with an admin's key.
+
+use api::{AccountView, BalanceView, KeyView, NewAccountResponse, NewKeyResponse};
+use clap::{Args, Subcommand};
+use reqwest::Method;
+use serde_json::json;
+
+use super::output::{self, Align, Table, dollars, utc, utc_or_dash};
+use super::{Client, Connection, parse};
+
+#[derive(Args)]
+pub struct AdminArgs {
+    #[command(flatten)]
+    connection: Connection,
+    #[command(subcommand)]
+    command: AdminCommand,
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    /// Accounts of tenants, providers and admins.
+    #[command(subcommand)]
+    Account(AccountCommand),
+    /// API keys of an account.
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Credit a tenant's balance (the stand-in for a payment), in dollars.
+    Credit {
+        /// The tenant's account id.
+        account: i64,
+        /// Dollars, e.g. 100.00.
+        amount: String,
+        /// An idempotency key: crediting again with the same key credits once (default: a new
+        /// one each time, so retry with --key to be safe).
+        #[arg(long)]
+        key: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum AccountCommand {
+    /// Create an account; prints its first API key, shown only this once.
+    Create {
+        /// The account's name.
+        name: String,
+        /// What the account's keys may do.
+        #[arg(long, value_parser = ["tenant", "provider", "admin"])]
+        role: String,
+    },
+    /// Every account.
+    List,
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Make another key for an account; prints it, shown only this once.
+    Create {
+        /// The account's id.
+        account: i64,
+        /// What the key is for, for people.
+        #[arg(long, default_value = "")]
+        label: String,
+    },
+    /// An account's keys (ids and labels; never the secrets).
+    List {
+        /// The account's id.
+        account: i64,
+    },
+    /// Revoke a key by its id: it stops working within seconds.
+    Revoke {
+        /// The key's id (the 12 hex characters after `fallow_`).
+        key_id: String,
+    },
+}
+
+pub fn run(args: AdminArgs) -> anyhow::Result<()> {
+    let client = Client::connect(&args.connection)?;
+    match args.command {
+        AdminCommand::Account(AccountCommand::Create { name, role }) => account_create(&client, &name, &role),
+        AdminCommand::Account(AccountCommand::List) => account_list(&client),
+        AdminCommand::Key(KeyCommand::Create { account, label }) => key_create(&client, account, &label),
+        AdminCommand::Key(KeyCommand::List { account }) => key_list(&client, account),
+        AdminCommand::Key(KeyCommand::Revoke { key_id }) => key_revoke(&client, &key_id),
+        AdminCommand::Credit { account, amount, key } => credit(&client, account, &amount, key),
+    }
+}
+
+fn account_create(client: &Client, name: &str, role: &str) -> anyhow::Result<()> {
+    let answer = client.post("/v1/admin/accounts", &json!({"role": role, "name": name}))?;
+    if client.json {
+        output::print_json(&answer);
+        return Ok(());
+    }
+    let created: NewAccountResponse = parse(&answer, "new account")?;
+    output::print_fields(&[
+        ("account", created.account.id.to_string()),
+        ("role", created.account.role.clone()),
+        ("name", created.account.name.clone()),
+        ("key id", created.api_key.key_id.clone()),
+        ("API key", created.api_key.api_key.clone()),
+    ]);
+    eprintln!("the API key is shown only now: keep it (FALLOW_API_KEY, or api_key in the config file)");
+    Ok(())
+}
+
+fn account_list(client: &Client) -> anyhow::Result<()> {
+    let answer = client.get("/v1/admin/accounts", &[])?;
+    if client.json {
+        output::print_json(&answer);
+        return Ok(());
+    }
+    let accounts: Vec<AccountView> = parse(&answer, "account list")?;
+    let mut table = Table::new(&[
+        ("ID", Align::Right),
+        ("ROLE", Align::Left),
+        ("NAME", Align::Left),
+        ("CREATED", Align::Left),
+    ]);
+    for account in &accounts {
+        table.row(vec![
+            account.id.to_string(),
+            account.role.clone(),
+            account.name.clone(),
+            utc(account.created_at_us),
+        ]);
+    }
+    table.print();
+    Ok(())
+}
+
+fn key_create(client: &Client, account: i64, label: &str) -> anyhow::Result<()> {
+    let answer = client.post(&format!("/v1/accounts/{account}/keys"), &json!({"label": label}))?;
+    if client.json {
+        output::print_json(&answer);
+        return Ok(());
+    }
+    let key: NewKeyResponse = parse(&answer, "new key")?;
+    output::print_fields(&[("key id", key.key_id.clone()), ("API key", key.api_key.clone())]);
+    eprintln!("the API key is shown only now: keep it");
+    Ok(())
+}
+
+fn key_list(client: &Client, account: i64) -> anyhow::Result<()> {
+    let answer = client.get(&format!("/v1/accounts/{account}/keys"), &[])?;
+    if client.json {
+        output::print_json(&answer);
+        return Ok(());
+    }
+    let keys: Vec<KeyView> = parse(&answer, "key list")?;
+    let mut table = Table::new(&[
+        ("KEY ID", Align::Left),
+        ("LABEL", Align::Left),
+        ("CREATED", Align::Left),
+        ("REVOKED", Align::Left),
+    ]);
+    for key in &keys {
+        table.row(vec![
+            key.key_id.clone(),
+            key.label.clone(),
+            utc(key.created_at_us),
+            utc_or_dash(key.revoked_at_us),
+        ]);
+    }
+    table.print();
+    Ok(())
+}
+
+fn key_revoke(client: &Client, key_id: &str) -> anyhow::Result<()> {
+    client.send(Method::POST, &format!("/v1/keys/{key_id}/revoke"), &[], None)?;
+    if client.json {
+        output::print_json(&json!({"key_id": key_id, "revoked": true}));
+    } else {
+        println!("key {key_id} revoked");
+    }
+    Ok(())
+}
+
+fn credit(client: &Client, account: i64, amount: &str, key: Option<String>) -> anyhow::Result<()> {
+    let key = key.unwrap_or_else(|| format!("cli-{account}-{}-{}", output::now_us(), std::process::id()));
+    let amount = amount.trim().trim_start_matches('$');
+    let answer = client.post(
+        "/v1/admin/credits",
+        &json!({"account_id": account, "amount": amount, "key": key}),
+    )?;
+    if client.json {
+        output::print_json(&answer);
+        return Ok(());
+    }
+    let balance: BalanceView = parse(&answer, "balance")?;
+    println!(
+        "account {} credited ${amount}; available now {}",
+        balance.account_id,
+        dollars(balance.available_micros)
+    );
+    Ok(())
+}

@@ -1,0 +1,583 @@
+//! The `fallow` CLI against a real coordinator: each test starts `fallow server` on a free port
+//! with a scratch data directory, makes accounts with the admin's key, and runs the real binary
+//! as a user would, reading its tables and its `--json`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use api::{NodeRegistration, NodeView, PolicyDoc};
+use common::{Coordinator, Scratch};
+use serde_json::{Value, json};
+
+/// A key that has the shape of an API key but that no coordinator issued.
+const UNKNOWN_KEY: &str = "fallow_000000000000_0000000000000000000000000000000000000000000000000000000000000000";
+/// How long a job run by a real agent may take to finish.
+const JOB_FINISHES_WITHIN: Duration = Duration::from_secs(30);
+
+/// Runs the CLI with only the given environment (and a home without a config file).
+fn fallow(home: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fallow"))
+        .args(args)
+        .env_clear()
+        .env("HOME", home)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the fallow binary")
+}
+
+/// Its stdout, after checking that it succeeded.
+fn ok(output: Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{what} failed:\nstdout: {stdout}\nstderr: {stderr}"
+    );
+    stdout
+}
+
+fn ok_json(output: Output, what: &str) -> Value {
+    let stdout = ok(output, what);
+    serde_json::from_str(&stdout).unwrap_or_else(|error| panic!("{what}: {error} in {stdout}"))
+}
+
+/// Its stderr, after checking that it failed with every one of `says` in it.
+fn fails(output: Output, what: &str, says: &[&str]) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        !output.status.success(),
+        "{what} succeeded: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    for text in says {
+        assert!(stderr.contains(text), "{what}: {text:?} not in: {stderr}");
+    }
+    stderr
+}
+
+/// One user of the CLI: a coordinator's URL and a key. Commands are given as a line split at
+/// spaces, with `extra` arguments (that may hold spaces) after it.
+struct User<'a> {
+    home: &'a Path,
+    url: String,
+    key: String,
+}
+
+impl User<'_> {
+    fn run(&self, line: &str, extra: &[&str]) -> Output {
+        let args: Vec<&str> = line.split_whitespace().chain(extra.iter().copied()).collect();
+        fallow(
+            self.home,
+            &[("FALLOW_URL", &self.url), ("FALLOW_API_KEY", &self.key)],
+            &args,
+        )
+    }
+
+    fn ok(&self, line: &str) -> String {
+        ok(self.run(line, &[]), line)
+    }
+
+    fn ok_with(&self, line: &str, extra: &[&str]) -> String {
+        ok(self.run(line, extra), line)
+    }
+
+    fn json(&self, line: &str) -> Value {
+        ok_json(self.run(line, &[]), line)
+    }
+
+    fn fails(&self, line: &str, says: &[&str]) -> String {
+        fails(self.run(line, &[]), line, says)
+    }
+
+    fn fails_with(&self, line: &str, extra: &[&str], says: &[&str]) -> String {
+        fails(self.run(line, extra), line, says)
+    }
+}
+
+async fn start(scratch: &Scratch) -> Coordinator {
+    let data_dir = scratch.path.join("data");
+    std::fs::create_dir_all(&data_dir).expect("create the data directory");
+    let database = format!("sqlite://{}", data_dir.join("fallow.db").display());
+    Coordinator::start("coordinator", &database, &data_dir, &scratch.path).await
+}
+
+fn admin<'a>(scratch: &'a Scratch, coordinator: &Coordinator) -> User<'a> {
+    User {
+        home: &scratch.path,
+        url: coordinator.url.clone(),
+        key: coordinator.admin_key().expect("the coordinator wrote the admin key"),
+    }
+}
+
+/// Creates an account through the CLI; its id and a user with its first key.
+fn account<'a>(admin: &User<'a>, role: &str, name: &str) -> (i64, User<'a>) {
+    let created = admin.json(&format!("admin account create {name} --role {role} --json"));
+    let user = User {
+        home: admin.home,
+        url: admin.url.clone(),
+        key: created["api_key"]["api_key"].as_str().expect("a key").to_string(),
+    };
+    (created["account"]["id"].as_i64().expect("an id"), user)
+}
+
+/// Registers a simulated two-GPU node through the API (no agent runs for it, so it stays
+/// offline and jobs stay queued).
+async fn register_node(provider: &User<'_>, name: &str) -> i64 {
+    let registration = NodeRegistration {
+        name: name.to_string(),
+        public_key: trust::NodeKey::generate().public_hex(),
+        fingerprint: format!("fp-{name}"),
+        gpu_model: common::GPU_MODEL.to_string(),
+        gpu_count: 2,
+        cpu_milli: 64_000,
+        memory_mib: 262_144,
+        network_mbit_s: 10_000,
+        region: "eu-west".to_string(),
+        site: "ams1".to_string(),
+        fabric: String::new(),
+        nvlink_domain: String::new(),
+        latitude: 0.0,
+        longitude: 0.0,
+        simulated: true,
+        runtimes: Vec::new(),
+        policy: PolicyDoc {
+            asks: BTreeMap::from([("silver".to_string(), common::ASK_DOLLARS.to_string())]),
+            ..PolicyDoc::default()
+        },
+    };
+    let response = common::http()
+        .post(format!("{}/v1/nodes", provider.url))
+        .bearer_auth(&provider.key)
+        .json(&registration)
+        .send()
+        .await
+        .expect("register a node");
+    assert_eq!(response.status(), reqwest::StatusCode::CREATED);
+    response.json::<NodeView>().await.expect("a node view").id
+}
+
+/// Kills the child process when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn row_of<'a>(table: &'a str, first_cell: &str) -> Option<&'a str> {
+    table
+        .lines()
+        .find(|line| line.split_whitespace().next() == Some(first_cell))
+}
+
+#[tokio::test]
+async fn cli_tenant_submits_lists_quotes_cancels_and_reads_money() {
+    let scratch = Scratch::new("fallow_cli_tenant");
+    let coordinator = start(&scratch).await;
+    let admin = admin(&scratch, &coordinator);
+    let (tenant_id, tenant) = account(&admin, "tenant", "acme");
+    let (_, provider) = account(&admin, "provider", "farm");
+    let credited = admin.ok(&format!("admin credit {tenant_id} 100 --key first"));
+    assert!(credited.contains("available now $100.00"), "{credited}");
+    // The same idempotency key credits once.
+    let again = admin.json(&format!("admin credit {tenant_id} 100 --key first --json"));
+    assert_eq!(again["available_micros"], 100_000_000);
+    register_node(&provider, "gpu-a").await;
+
+    let submitted = tenant.json(
+        "job submit --json --name hello --gpus 1 --tier silver --max-price 5 --region eu-west \
+         --checkpoint-dir /ckpt --image busybox:latest -- echo hi",
+    );
+    let id = submitted["id"].as_i64().expect("the job's id");
+    assert_eq!(submitted["state"], "queued");
+    assert_eq!(submitted["spec"]["command"], json!(["echo", "hi"]));
+    assert_eq!(submitted["spec"]["checkpoint_dir"], "/ckpt");
+    assert_eq!(submitted["spec"]["regions"], json!(["eu-west"]));
+
+    let table = tenant.ok("job list");
+    assert!(table.starts_with("ID  NAME "), "{table}");
+    let row = row_of(&table, &id.to_string()).unwrap_or_else(|| panic!("job {id} not in {table}"));
+    assert!(
+        row.contains("hello") && row.contains("queued") && row.contains("$5.00"),
+        "{row}"
+    );
+    assert_eq!(tenant.json("job list --json")["jobs"][0]["id"], id);
+
+    let shown = tenant.ok(&format!("job show {id}"));
+    assert!(shown.contains("state:") && shown.contains("queued"), "{shown}");
+    assert!(shown.contains("image:") && shown.contains("busybox:latest"), "{shown}");
+    assert_eq!(tenant.json(&format!("job show {id} --json"))["state"], "queued");
+    assert_eq!(tenant.ok(&format!("job logs {id}")), "");
+
+    // A job file, with flags over its fields.
+    let file = scratch.path.join("job.json");
+    std::fs::write(
+        &file,
+        r#"{"name": "from-file", "image": "busybox", "gpus": 2, "tier": "bronze", "max_price_per_gpu_hour": "0.50"}"#,
+    )
+    .expect("write the job file");
+    let from_file = ok_json(
+        tenant.run(
+            "job submit --gpu-share 250 --max-price 1.5 --json --file",
+            &[file.to_str().expect("UTF-8")],
+        ),
+        "submit a job file",
+    );
+    assert_eq!(from_file["spec"]["name"], "from-file");
+    assert_eq!(from_file["spec"]["tier"], "bronze");
+    assert_eq!(from_file["spec"]["gpus"], Value::Null);
+    assert_eq!(from_file["spec"]["gpu_share_milli"], 250);
+    assert_eq!(from_file["spec"]["max_price_per_gpu_hour"], "1.5");
+
+    let quote = tenant.ok("job quote --gpus 1 --tier silver --max-price 5");
+    assert!(quote.contains("nodes that fit:") && quote.contains("of 1"), "{quote}");
+    assert_eq!(
+        tenant.json("job quote --gpus 1 --tier silver --max-price 5 --json")["nodes_total"],
+        1
+    );
+
+    let offers = tenant.ok("offers search gpu_model=H100-SXM5");
+    assert!(
+        offers.starts_with("NODE  GPU") && offers.contains("matching offers"),
+        "{offers}"
+    );
+    assert!(tenant.json("offers search gpu_model=H100-SXM5 --json")["offers"].is_array());
+    tenant.fails("offers search price<<", &["filter"]);
+
+    assert!(tenant.ok(&format!("job cancel {id}")).contains("cancelled"));
+    tenant.fails(&format!("job cancel {id}"), &["already ended"]);
+    tenant.fails("job show 999999", &["not found", "fallow job list"]);
+
+    let balance = tenant.ok("tenant balance");
+    assert!(
+        balance.contains("available:") && balance.contains("$100.00"),
+        "{balance}"
+    );
+    assert_eq!(tenant.json("tenant balance --json")["available_micros"], 100_000_000);
+    let usage = tenant.ok("tenant usage");
+    assert!(usage.contains("payments:") && usage.contains("$100.00"), "{usage}");
+    assert_eq!(tenant.json("tenant usage --json")["payments_micros"], 100_000_000);
+    let ledger = tenant.json("tenant usage --ledger --json");
+    assert!(
+        !ledger["lines"].as_array().expect("ledger lines").is_empty(),
+        "{ledger}"
+    );
+    tenant.fails("tenant usage --period 2026-1", &["YYYY-MM"]);
+
+    // Keys: a second key works, and stops working once revoked.
+    let key = admin.json(&format!("admin key create {tenant_id} --label ci --json"));
+    let second = User {
+        home: tenant.home,
+        url: tenant.url.clone(),
+        key: key["api_key"].as_str().expect("a key").to_string(),
+    };
+    second.ok("tenant balance");
+    let keys = admin.ok(&format!("admin key list {tenant_id}"));
+    assert!(keys.contains("ci") && keys.contains("first key"), "{keys}");
+    let key_id = key["key_id"].as_str().expect("a key id");
+    assert!(admin.ok(&format!("admin key revoke {key_id}")).contains("revoked"));
+    second.fails("tenant balance", &["was refused", "FALLOW_API_KEY"]);
+    let accounts = admin.ok("admin account list");
+    assert!(accounts.contains("acme") && accounts.contains("farm"), "{accounts}");
+}
+
+#[tokio::test]
+async fn cli_provider_sets_policy_calendar_and_reads_earnings() {
+    let scratch = Scratch::new("fallow_cli_provider");
+    let coordinator = start(&scratch).await;
+    let admin = admin(&scratch, &coordinator);
+    let (_, provider) = account(&admin, "provider", "farm");
+    let node = register_node(&provider, "gpu-a").await;
+
+    let table = provider.ok("node list");
+    let row = row_of(&table, &node.to_string()).unwrap_or_else(|| panic!("node {node} not in {table}"));
+    assert!(
+        row.contains("gpu-a") && row.contains("H100-SXM5") && row.contains("eu-west"),
+        "{row}"
+    );
+    assert_eq!(provider.json("node list --json")[0]["id"], node);
+    assert!(
+        provider
+            .ok(&format!("node show {node}"))
+            .contains("silver $2.00 per GPU-hour")
+    );
+
+    let set = provider.ok_with(
+        &format!(
+            "node policy set {node} --ask silver=2.10 --ask bronze=0.90 --allow-classes training,batch \
+             --thermal-limit-c 83 --power-limit-w 700"
+        ),
+        &[
+            "--peak",
+            "mon-fri 09:00-18:00 x1.3",
+            "--off-peak",
+            "sat,sun 00:00-24:00 x0.7",
+        ],
+    );
+    assert!(set.contains("silver $2.10, bronze $0.90"), "{set}");
+    let policy = &provider.json(&format!("node show {node} --json"))["policy"];
+    assert_eq!(policy["asks"], json!({"silver": "2.10", "bronze": "0.90"}));
+    assert_eq!(
+        policy["price_rules"],
+        json!([
+            {"days": [0, 1, 2, 3, 4], "start_minute": 540, "end_minute": 1080, "multiplier_permille": 1300},
+            {"days": [5, 6], "start_minute": 0, "end_minute": 1440, "multiplier_permille": 700},
+        ])
+    );
+    assert_eq!(policy["allowed_classes"], json!(["training", "batch"]));
+    assert_eq!(
+        (&policy["thermal_limit_c"], &policy["power_limit_w"]),
+        (&json!(83), &json!(700))
+    );
+    let shown = provider.ok(&format!("node show {node}"));
+    assert!(
+        shown.contains("mon–fri 09:00–18:00 ×1.3") && shown.contains("83 °C"),
+        "{shown}"
+    );
+    // What no flag names stays; `none` lifts a limit.
+    provider.ok(&format!(
+        "node policy set {node} --power-limit-w none --allow-classes all"
+    ));
+    let policy = &provider.json(&format!("node show {node} --json"))["policy"];
+    assert_eq!(
+        (&policy["power_limit_w"], &policy["thermal_limit_c"]),
+        (&Value::Null, &json!(83))
+    );
+    assert_eq!(policy["allowed_classes"], json!([]));
+    assert_eq!(policy["price_rules"].as_array().map(Vec::len), Some(2));
+    provider.fails(&format!("node policy set {node}"), &["required"]);
+    provider.fails(
+        &format!("node policy set {node} --ask silver=off --ask bronze=off"),
+        &["at least one tier"],
+    );
+    provider.fails_with(
+        &format!("node policy set {node}"),
+        &["--peak", "09:00-18:00 x0.5"],
+        &["--off-peak"],
+    );
+
+    assert!(
+        provider
+            .ok(&format!("node calendar list {node}"))
+            .contains("sells at all times")
+    );
+    let added = provider.ok_with(
+        &format!("node calendar add {node}"),
+        &["--weekly", "sat,sun 00:00-24:00"],
+    );
+    assert!(added.contains("sells only inside its windows"), "{added}");
+    provider.ok(&format!(
+        "node calendar add {node} --from 2030-12-24T18:00:00Z --until 2030-12-27T08:00Z"
+    ));
+    let calendar = provider.ok(&format!("node calendar list {node}"));
+    let weekly = row_of(&calendar, "1").unwrap_or_else(|| panic!("no window 1 in {calendar}"));
+    assert!(
+        weekly.contains("weekly") && weekly.contains("sat,sun") && weekly.contains("24:00"),
+        "{weekly}"
+    );
+    let once = row_of(&calendar, "2").unwrap_or_else(|| panic!("no window 2 in {calendar}"));
+    assert!(once.contains("once") && once.contains("2030-12-24 18:00:00Z"), "{once}");
+    let windows = provider.json(&format!("node calendar list {node} --json"));
+    assert_eq!(windows["windows"][0]["days"], json!([5, 6]));
+    assert_eq!(windows["windows"][1]["start_us"], 1_924_365_600_000_000i64);
+    provider.ok(&format!("node calendar remove {node} 1"));
+    let windows = provider.json(&format!("node calendar list {node} --json"));
+    assert_eq!(windows["windows"].as_array().map(Vec::len), Some(1));
+    assert_eq!(windows["windows"][0]["end_us"], 1_924_588_800_000_000i64);
+    provider.fails(&format!("node calendar remove {node} 5"), &["numbers them from 1"]);
+    provider.fails(
+        &format!("node calendar add {node} --from 2030-12-24T18:00Z"),
+        &["--until"],
+    );
+    provider.fails("node show 999999", &["not found", "fallow node list"]);
+
+    let earnings = provider.ok("provider earnings");
+    let row = row_of(&earnings, &node.to_string()).unwrap_or_else(|| panic!("node {node} not in {earnings}"));
+    assert!(row.contains("gpu-a") && row.contains("$0.00"), "{row}");
+    assert!(earnings.contains("earnings balance:"), "{earnings}");
+    assert_eq!(provider.json("provider earnings --json")["nodes"][0]["node_id"], node);
+}
+
+#[tokio::test]
+async fn cli_errors_say_what_to_do_next_and_completions_print() {
+    let scratch = Scratch::new("fallow_cli_errors");
+    let coordinator = start(&scratch).await;
+    let admin = admin(&scratch, &coordinator);
+    let (tenant_id, tenant) = account(&admin, "tenant", "acme");
+    let (_, provider) = account(&admin, "provider", "farm");
+    let home = scratch.path.as_path();
+    let url = coordinator.url.as_str();
+    let list = ["job", "list"];
+
+    let no_key = fallow(home, &[("FALLOW_URL", url)], &list);
+    fails(
+        no_key,
+        "no key",
+        &["no API key", "FALLOW_API_KEY", "--api-key", "tenant.key"],
+    );
+    let refused = fallow(home, &[("FALLOW_URL", url), ("FALLOW_API_KEY", UNKNOWN_KEY)], &list);
+    fails(
+        refused,
+        "a refused key",
+        &["was refused", "FALLOW_API_KEY", "tenant.key"],
+    );
+    let refused = fallow(home, &[("FALLOW_URL", url)], &["job", "list", "--api-key", UNKNOWN_KEY]);
+    fails(
+        refused,
+        "a refused key by flag",
+        &["API key from --api-key was refused"],
+    );
+    let file_name = fallow(
+        home,
+        &[("FALLOW_URL", url), ("FALLOW_API_KEY", "data/tenant.key")],
+        &list,
+    );
+    fails(file_name, "a file name for a key", &["not a Fallow API key", "$(cat"]);
+    let nobody = fallow(
+        home,
+        &[("FALLOW_URL", "http://127.0.0.1:9"), ("FALLOW_API_KEY", UNKNOWN_KEY)],
+        &list,
+    );
+    fails(
+        nobody,
+        "no coordinator",
+        &["cannot reach the coordinator", "FALLOW_URL"],
+    );
+    provider.fails("job list", &["tenant keys", "--api-key"]);
+    admin.fails(&format!("admin credit {tenant_id} lots"), &["amount"]);
+
+    let submit = "job submit --tier silver --max-price 5 --image busybox";
+    tenant.fails(&format!("{submit} --gpus 0"), &["--gpus", "1..=16"]);
+    tenant.fails(
+        &format!("{submit} --gpus 1 --gpu-share 250"),
+        &["--gpus", "--gpu-share", "cannot be used with"],
+    );
+    tenant.fails(&format!("{submit} --gpu-share 1000"), &["--gpu-share", "1..=999"]);
+    tenant.fails("job submit --tier platinum", &["gold, silver, bronze"]);
+    tenant.fails("job submit --gpus 1 --max-price 5 --image x", &["give --tier"]);
+    tenant.fails("job submit --gpus 1 --tier gold --image x", &["give --max-price"]);
+    tenant.fails(
+        "job submit --gpus 1 --tier gold --max-price 1",
+        &["--image", "--process"],
+    );
+    tenant.fails(
+        "job submit --process --tier gold --max-price 1",
+        &["program after `--`"],
+    );
+    // The balance is $0: the coordinator refuses, and the CLI says who can fix it.
+    tenant.fails(&format!("{submit} --gpus 1"), &["balance", "fallow admin credit"]);
+
+    // The config file gives the URL and the key when the environment does not.
+    let config = scratch.path.join("config.toml");
+    std::fs::write(
+        &config,
+        format!("# test\nurl = \"{url}\"\napi_key = \"{}\"\n", tenant.key),
+    )
+    .expect("write config");
+    let by_config = [("FALLOW_CONFIG", config.to_str().expect("UTF-8"))];
+    let balance = ok(
+        fallow(home, &by_config, &["tenant", "balance", "--json"]),
+        "balance by config file",
+    );
+    assert!(balance.contains("available_micros"), "{balance}");
+    std::fs::write(&config, "url = http://nowhere\n").expect("write config");
+    fails(
+        fallow(home, &by_config, &["tenant", "balance"]),
+        "a bad config file",
+        &["line 1"],
+    );
+
+    for shell in ["bash", "zsh", "fish"] {
+        let script = ok(fallow(home, &[], &["completions", shell]), shell);
+        assert!(
+            script.contains("fallow") && script.contains("submit"),
+            "{shell}: {script}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn cli_process_job_runs_to_finished_and_prints_its_output() {
+    let scratch = Scratch::new("fallow_cli_process");
+    let coordinator = start(&scratch).await;
+    let admin = admin(&scratch, &coordinator);
+    let (tenant_id, tenant) = account(&admin, "tenant", "acme");
+    let (_, provider) = account(&admin, "provider", "farm");
+    admin.ok(&format!("admin credit {tenant_id} 50"));
+    let agent_log = scratch.path.join("agent.log");
+    let log = std::fs::File::create(&agent_log).expect("create the agent log");
+    let _agent = Killed(
+        Command::new(env!("CARGO_BIN_EXE_fallow"))
+            .args([
+                "agent",
+                "--coordinator",
+                &coordinator.url,
+                "--provider-key",
+                &provider.key,
+                "--data-dir",
+            ])
+            .arg(scratch.path.join("agent"))
+            .args([
+                "--simulate-gpus",
+                "H100-SXM5:1",
+                "--executor",
+                "process",
+                "--usage-every-s",
+                "1",
+            ])
+            .args(["--grace-s", "1"])
+            .env_remove("FALLOW_COORDINATOR")
+            .env_remove("FALLOW_PROVIDER_KEY")
+            .env_remove("FALLOW_AGENT_DATA_DIR")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone the log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("start fallow agent"),
+    );
+    // The command line the issue checks, word for word.
+    let submitted = ok_json(
+        tenant.run(
+            "job submit --json --gpus 1 --tier silver --max-price 5 --process -- sh -c",
+            &["echo hi"],
+        ),
+        "submit a process job",
+    );
+    let id = submitted["id"].as_i64().expect("the job's id");
+    assert_eq!(submitted["spec"]["runtime"], "process");
+    assert_eq!(
+        (&submitted["spec"]["image"], &submitted["spec"]["command"]),
+        (&json!("sh"), &json!(["-c", "echo hi"]))
+    );
+    let deadline = Instant::now() + JOB_FINISHES_WITHIN;
+    loop {
+        let job = tenant.json(&format!("job show {id} --json"));
+        if job["state"] == "finished" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline && !matches!(job["state"].as_str(), Some("failed" | "cancelled")),
+            "job {id} did not finish: {job}\nagent log: {}",
+            common::tail(&agent_log, 4000)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(tenant.ok(&format!("job logs {id}")), "hi\n");
+    assert_eq!(tenant.ok(&format!("job logs {id} --follow")), "hi\n");
+    assert_eq!(
+        tenant.json(&format!("job logs {id} --json"))["chunks"][0]["text"],
+        "hi\n"
+    );
+    // --wait follows a job to its end; one that fails exits non-zero and says where to look.
+    let submit = "job submit --wait --gpus 1 --tier silver --max-price 5 --process --";
+    let waited = tenant.ok(&format!("{submit} true"));
+    assert!(waited.contains("state:") && waited.contains("finished"), "{waited}");
+    tenant.fails(&format!("{submit} false"), &["failed", "fallow job logs"]);
+}
