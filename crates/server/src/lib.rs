@@ -4,6 +4,7 @@
 
 mod batch;
 mod beats;
+mod dashboard;
 mod error;
 mod extract;
 mod lease_hints;
@@ -71,6 +72,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/keys/rotate", post(routes::rotate_key))
         .route("/v1/admin/credits", post(routes::credit))
         .route("/v1/admin/evidence", get(routes::evidence))
+        .merge(dashboard::routes())
         .method_not_allowed_fallback(|method: axum::http::Method| async move {
             ApiError::MethodNotAllowed(format!("{method} is not allowed here; see /v1/openapi.json"))
         })

@@ -1663,6 +1663,46 @@ pub async fn health(State(state): AppStateRef) -> ApiResult<Json<serde_json::Val
     Ok(Json(serde_json::json!({"status": "ok", "nodes_version": nodes})))
 }
 
+// ---------------------------------------------------------------- the dashboard's reads
+
+/// The caller's jobs, newest first, exactly as `GET /v1/jobs` answers them.
+pub(crate) async fn jobs_page(
+    state: Arc<AppState>,
+    caller: Caller,
+    before: Option<i64>,
+    limit: i64,
+) -> ApiResult<JobList> {
+    let page = Page {
+        before,
+        limit: Some(limit),
+    };
+    Ok(list_jobs(State(state), Auth(caller), Query(page)).await?.0)
+}
+
+/// A page of a job's output after chunk `after`, exactly as `GET /v1/jobs/{id}/logs` answers.
+pub(crate) async fn job_logs_page(state: Arc<AppState>, caller: Caller, id: i64, after: i64) -> ApiResult<JobLogs> {
+    let query = LogQuery {
+        after: Some(after),
+        limit: None,
+    };
+    Ok(job_logs(State(state), Auth(caller), Path(id), Query(query)).await?.0)
+}
+
+/// The caller's own balance, exactly as `GET /v1/balance` answers it.
+pub(crate) async fn own_balance(state: Arc<AppState>, caller: Caller) -> ApiResult<BalanceView> {
+    let query = AccountQuery { account_id: None };
+    Ok(balance(State(state), Auth(caller), Query(query)).await?.0)
+}
+
+/// The market index over the last `since_s` seconds in buckets of `bucket_s`, as `GET /v1/market`.
+pub(crate) async fn market_index(state: Arc<AppState>, bucket_s: i64, since_s: i64) -> ApiResult<MarketView> {
+    let query = MarketQuery {
+        bucket_s: Some(bucket_s),
+        since_s: Some(since_s),
+    };
+    Ok(market(State(state), Query(query)).await?.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -340,3 +340,95 @@ impl Store {
             .collect()
     }
 }
+
+/// Reads for the coordinator's dashboard: usage summed per job and over time, the queue per
+/// tier, and how long jobs waited for their first lease.
+impl Store {
+    /// What the usage records of each of `jobs` were charged, and the GPU time they metered:
+    /// (job, charged micro-dollars, GPU-milli-seconds), by job id; a job without usage is absent.
+    pub async fn usage_totals_of_jobs(&self, jobs: &[i64]) -> Result<Vec<(i64, i64, i64)>> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let query = format!(
+            "SELECT l.job_id, CAST(SUM(u.charged_micros) AS BIGINT) AS charged, \
+             CAST(SUM(u.gpu_seconds_milli) AS BIGINT) AS metered \
+             FROM usage_records u JOIN leases l ON l.id = u.lease_id \
+             WHERE l.job_id IN ({}) GROUP BY l.job_id ORDER BY l.job_id",
+            crate::jobs::placeholders(1, jobs.len())
+        );
+        let mut select = sqlx::query(sqlx::AssertSqlSafe(query));
+        for job in jobs {
+            select = select.bind(*job);
+        }
+        let rows = select.fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get("job_id")?, row.try_get("charged")?, row.try_get("metered")?)))
+            .collect()
+    }
+
+    /// A tenant's usage records received at or after `since`, oldest first, at most `limit`:
+    /// (received at, job, charged micro-dollars, GPU-milli-seconds).
+    pub async fn usage_of_tenant_since(
+        &self,
+        tenant: i64,
+        since: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, i64, i64, i64)>> {
+        let rows = sqlx::query(
+            "SELECT u.received_at, l.job_id, u.charged_micros, u.gpu_seconds_milli FROM usage_records u \
+             JOIN leases l ON l.id = u.lease_id JOIN jobs j ON j.id = l.job_id \
+             WHERE j.tenant_id = $1 AND u.received_at >= $2 \
+             ORDER BY u.received_at, u.lease_id, u.sequence LIMIT $3",
+        )
+        .bind(tenant)
+        .bind(since)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get("received_at")?,
+                    row.try_get("job_id")?,
+                    row.try_get("charged_micros")?,
+                    row.try_get("gpu_seconds_milli")?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Jobs waiting for placement now, per tier: (tier, count), by tier.
+    pub async fn queued_per_tier(&self) -> Result<Vec<(String, i64)>> {
+        let rows =
+            sqlx::query("SELECT tier, COUNT(*) AS count FROM jobs WHERE state = 'queued' GROUP BY tier ORDER BY tier")
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get("tier")?, row.try_get("count")?)))
+            .collect()
+    }
+
+    /// Jobs submitted at or after `since`, oldest first, at most `limit`: (tier, submitted at,
+    /// when its first lease was granted, if one was).
+    pub async fn placement_waits_since(&self, since: i64, limit: i64) -> Result<Vec<(String, i64, Option<i64>)>> {
+        let rows = sqlx::query(
+            "SELECT j.tier, j.submitted_at, MIN(l.created_at) AS placed_at FROM jobs j \
+             LEFT JOIN leases l ON l.job_id = j.id WHERE j.submitted_at >= $1 \
+             GROUP BY j.id, j.tier, j.submitted_at ORDER BY j.id LIMIT $2",
+        )
+        .bind(since)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get("tier")?,
+                    row.try_get("submitted_at")?,
+                    row.try_get("placed_at")?,
+                ))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,247 @@
+//! The tenant page: the tenant's money, its jobs with their state, price and cost, spend over
+//! time, and what it paid per GPU-hour against the on-demand reference price.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use api::{JobRequest, JobView};
+use axum::extract::{Query, State};
+use axum::response::Response;
+use store::Role;
+
+use super::chart::{LineChart, Series, line_chart};
+use super::html::{badge, dollars, escape, per_gpu_hour, percent, stat, table, utc};
+use super::market::{PRICE_POINTS_MAX, silver_reference, window_links};
+use super::{PageError, PageQuery, Session, render};
+use crate::state::{AppState, now_us};
+
+/// The newest jobs listed.
+const JOBS_SHOWN: i64 = 100;
+/// Usage records read for the spend chart, at most.
+const USAGE_ROWS_MAX: i64 = 100_000;
+/// GPU-milli-seconds in a GPU-hour.
+const GPU_MILLI_SECONDS_PER_HOUR: i128 = 3_600_000;
+
+/// What a job asks for, in a few words: `2 × 1 GPU`, `0.5 GPU`, `2.5 CU`, `CPU only`.
+pub(super) fn resources(spec: &JobRequest) -> String {
+    let each = match (spec.gpus, spec.gpu_share_milli, &spec.compute_units) {
+        (Some(gpus), _, _) => format!("{gpus} GPU"),
+        (_, Some(share), _) => format!("{:.3} GPU", f64::from(share) / 1000.0),
+        (_, _, Some(units)) => format!("{units} CU"),
+        _ => "CPU only".to_string(),
+    };
+    if spec.replicas > 1 {
+        format!("{} × {each}", spec.replicas)
+    } else {
+        each
+    }
+}
+
+/// The clearing price a job pays per GPU-hour: its leases' prices weighted by the GPU share each
+/// holds; None before it has a lease.
+pub(super) fn price_paid(job: &JobView) -> Option<i64> {
+    let mut weighted: i128 = 0;
+    let mut weights: i128 = 0;
+    for lease in &job.leases {
+        let weight = i128::from(lease.gpu_milli) * lease.gpu_indices.len() as i128;
+        weighted += i128::from(lease.price_micros_per_gpu_hour) * weight;
+        weights += weight;
+    }
+    if weights > 0 {
+        i64::try_from(weighted / weights).ok()
+    } else {
+        job.leases.first().map(|lease| lease.price_micros_per_gpu_hour)
+    }
+}
+
+/// A price as a share of a reference price, e.g. `92.0 %`.
+pub(super) fn against(price: i64, reference: Option<i64>) -> String {
+    match reference {
+        Some(reference) if reference > 0 => percent(price as f64 / reference as f64),
+        _ => "–".to_string(),
+    }
+}
+
+/// A state as a coloured label.
+pub(super) fn state_badge(state: &str) -> String {
+    badge(&format!("state-{state}"), state)
+}
+
+/// The running total of `(at, amount)` from zero at `from_us` to `to_us`.
+pub(super) fn running_total(amounts: impl Iterator<Item = (i64, i64)>, from_us: i64, to_us: i64) -> Vec<(i64, i64)> {
+    let mut total = 0i64;
+    let mut points = vec![(from_us, 0)];
+    for (at, amount) in amounts {
+        total = total.saturating_add(amount);
+        points.push((at, total));
+    }
+    points.push((to_us, total));
+    points
+}
+
+pub async fn page(
+    State(state): State<Arc<AppState>>,
+    session: Session,
+    query: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, PageError> {
+    session.require(Role::Tenant)?;
+    let query = query.map(|Query(query)| query).unwrap_or_default();
+    let caller = session.caller;
+    let hours = query.window_hours();
+    let now = now_us();
+    let from = now - hours * 3_600_000_000;
+    let balance = crate::routes::own_balance(state.clone(), caller).await?;
+    let jobs = crate::routes::jobs_page(state.clone(), caller, None, JOBS_SHOWN)
+        .await?
+        .jobs;
+    let ids: Vec<i64> = jobs.iter().map(|job| job.id).collect();
+    let totals: BTreeMap<i64, (i64, i64)> = state
+        .store
+        .usage_totals_of_jobs(&ids)
+        .await?
+        .into_iter()
+        .map(|(job, charged, metered)| (job, (charged, metered)))
+        .collect();
+    let usage = state
+        .store
+        .usage_of_tenant_since(caller.account_id, from, USAGE_ROWS_MAX)
+        .await?;
+    let reference = silver_reference(&state.store.price_points(from, PRICE_POINTS_MAX).await?);
+
+    let spent: i64 = usage.iter().map(|(_, _, charged, _)| charged).sum();
+    let metered: i64 = usage.iter().map(|(_, _, _, metered)| metered).sum();
+    // Paid against the reference, over the listed jobs with metered GPU time.
+    let (mut paid_total, mut reference_total) = (0i128, 0i128);
+    for job in &jobs {
+        let (Some((charged, metered)), Some(lease)) = (totals.get(&job.id), job.leases.first()) else {
+            continue;
+        };
+        if let Some(price) = reference.get(&lease.gpu_model) {
+            paid_total += i128::from(*charged);
+            reference_total += i128::from(*price) * i128::from(*metered) / GPU_MILLI_SECONDS_PER_HOUR;
+        }
+    }
+
+    let mut body = format!("<h1>Tenant: {}</h1>", escape(&session.name));
+    body.push_str(&window_links("/dashboard/tenant", hours));
+    body.push_str("<section class=\"stats\">");
+    body.push_str(&stat("available", &dollars(balance.available_micros)));
+    body.push_str(&stat("held in escrow", &dollars(balance.escrow_micros)));
+    body.push_str(&stat(&format!("spent in the last {hours} h"), &dollars(spent)));
+    body.push_str(&stat(
+        "GPU-hours used",
+        &format!("{:.3}", metered as f64 / GPU_MILLI_SECONDS_PER_HOUR as f64),
+    ));
+    if metered > 0 {
+        let average = i128::from(spent) * GPU_MILLI_SECONDS_PER_HOUR / i128::from(metered);
+        body.push_str(&stat("paid per GPU-hour", &per_gpu_hour(average as i64)));
+    }
+    if reference_total > 0 {
+        body.push_str(&stat(
+            "paid against on-demand reference",
+            &percent(paid_total as f64 / reference_total as f64),
+        ));
+    }
+    body.push_str("</section>");
+
+    body.push_str("<h2>Jobs</h2>");
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|job| {
+            let name = if job.spec.name.is_empty() {
+                "(no name)"
+            } else {
+                job.spec.name.as_str()
+            };
+            let paid = price_paid(job);
+            let model_reference = job
+                .leases
+                .first()
+                .and_then(|lease| reference.get(&lease.gpu_model).copied());
+            let (charged, _) = totals.get(&job.id).copied().unwrap_or((0, 0));
+            vec![
+                format!("<a href=\"/dashboard/jobs/{id}\">#{id}</a>", id = job.id),
+                format!("<a href=\"/dashboard/jobs/{}\">{}</a>", job.id, escape(name)),
+                state_badge(&job.state),
+                escape(&job.tier),
+                escape(&resources(&job.spec)),
+                utc(job.submitted_at_us),
+                paid.map_or_else(|| "–".to_string(), per_gpu_hour),
+                model_reference.map_or_else(|| "–".to_string(), per_gpu_hour),
+                paid.map_or_else(|| "–".to_string(), |paid| against(paid, model_reference)),
+                dollars(charged),
+            ]
+        })
+        .collect();
+    body.push_str(&table(
+        "jobs",
+        &[
+            "job",
+            "name",
+            "state",
+            "tier",
+            "asks for",
+            "submitted",
+            "price paid",
+            "on-demand reference",
+            "paid / reference",
+            "cost",
+        ],
+        &rows,
+        "No jobs yet: submit one with fallow job submit or POST /v1/jobs.",
+    ));
+    if jobs.len() as i64 == JOBS_SHOWN {
+        body.push_str(&format!("<p class=\"note\">The newest {JOBS_SHOWN} jobs.</p>"));
+    }
+
+    body.push_str("<h2>Spend over time</h2>");
+    let series = [Series {
+        label: "spent (running total)".to_string(),
+        points: running_total(usage.iter().map(|(at, _, charged, _)| (*at, *charged)), from, now),
+    }];
+    body.push_str(&line_chart(&LineChart {
+        title: "spend over time",
+        from_us: from,
+        to_us: now,
+        series: if spent > 0 { &series } else { &[] },
+        value_label: dollars,
+        area: true,
+    }));
+    body.push_str(
+        "<p class=\"note\">Price paid: the clearing price of the job's leases. On-demand reference: the median \
+         silver (on-demand) clearing price of the same GPU model in this window; the coordinator reads no outside \
+         price feed. Usage on simulated GPUs is billed only as play money, when the coordinator is told to.</p>",
+    );
+    Ok(render("Tenant", Some(&session), &body, query.refresh_s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_read_in_a_few_words() {
+        let mut spec = JobRequest {
+            gpus: Some(2),
+            replicas: 3,
+            ..JobRequest::default()
+        };
+        assert_eq!(resources(&spec), "3 × 2 GPU");
+        spec.gpus = None;
+        spec.gpu_share_milli = Some(500);
+        spec.replicas = 1;
+        assert_eq!(resources(&spec), "0.500 GPU");
+        spec.gpu_share_milli = None;
+        assert_eq!(resources(&spec), "CPU only");
+    }
+
+    #[test]
+    fn a_running_total_starts_at_zero_and_ends_now() {
+        assert_eq!(
+            running_total([(5, 10), (7, 5)].into_iter(), 0, 9),
+            [(0, 0), (5, 10), (7, 15), (9, 15)]
+        );
+        assert_eq!(against(1_500_000, Some(2_000_000)), "75.0 %");
+        assert_eq!(against(1_500_000, None), "–");
+    }
+}
