@@ -173,22 +173,28 @@ struct SpecArgs {
 }
 
 pub fn run(args: JobArgs) -> anyhow::Result<()> {
-    let client = Client::connect(&args.connection)?;
+    // A job that flags cannot describe is refused before a key is looked for or anything sent.
+    let connect = || Client::connect(&args.connection);
     match args.command {
-        JobCommand::Submit(submit_args) => submit(&client, &submit_args),
-        JobCommand::List(list_args) => list(&client, &list_args),
-        JobCommand::Show { id } => show(&client, id),
-        JobCommand::Logs(logs_args) => logs(&client, &logs_args),
-        JobCommand::Cancel { id } => cancel(&client, id),
-        JobCommand::Quote(spec) => quote(&client, &spec),
+        JobCommand::Submit(submit_args) => {
+            let body = submit_args.spec.request(false)?;
+            submit(&connect()?, body, submit_args.wait)
+        }
+        JobCommand::Quote(spec) => {
+            let body = spec.request(true)?;
+            quote(&connect()?, body)
+        }
+        JobCommand::List(list_args) => list(&connect()?, &list_args),
+        JobCommand::Show { id } => show(&connect()?, id),
+        JobCommand::Logs(logs_args) => logs(&connect()?, &logs_args),
+        JobCommand::Cancel { id } => cancel(&connect()?, id),
     }
 }
 
-fn submit(client: &Client, args: &SubmitArgs) -> anyhow::Result<()> {
-    let body = args.spec.request(false)?;
+fn submit(client: &Client, body: Map<String, Value>, wait: bool) -> anyhow::Result<()> {
     let answer = client.post("/v1/jobs", &Value::Object(body))?;
     let job: JobView = parse(&answer, "job")?;
-    if !args.wait {
+    if !wait {
         if client.json {
             output::print_json(&answer);
         } else {
@@ -500,8 +506,7 @@ fn cancel(client: &Client, id: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn quote(client: &Client, spec: &SpecArgs) -> anyhow::Result<()> {
-    let body = spec.request(true)?;
+fn quote(client: &Client, body: Map<String, Value>) -> anyhow::Result<()> {
     let answer = client.post("/v1/jobs/quote", &Value::Object(body))?;
     if client.json {
         output::print_json(&answer);
