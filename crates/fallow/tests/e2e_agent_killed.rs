@@ -606,8 +606,8 @@ async fn e2e_a_frozen_agents_replica_is_stopped_by_its_guard_before_the_lease_mo
     .await;
 
     // Thawed: it hears its lease is gone (or that its epoch is old) and starts nothing of it.
-    first_agent.signal("CONT");
     let ticks_before = ticks(&world.marks, first_id).len();
+    first_agent.signal("CONT");
     world.online("rig-1").await;
     tokio::time::sleep(HEARTBEAT_TIMEOUT).await;
     let view = world.job(job).await;
