@@ -205,7 +205,7 @@ impl<E: Executor> Agent<E> {
                     longitude: 0.0,
                     simulated: inventory.simulated,
                     policy: config.policy.clone(),
-                    runtimes: Vec::new(),
+                    runtimes: executor.runtimes(),
                 };
                 let node = client.register(provider_key, &registration).await?;
                 state::write_node(
@@ -447,6 +447,7 @@ impl<E: Executor> Agent<E> {
             }),
             log_path: lease_dir.join("output.log"),
             datasets_dir: (!job.datasets.is_empty()).then(|| self.datasets.dir().to_path_buf()),
+            runtime: job.runtime.clone(),
         };
         if let Err(error) = self.report(lease, "staging", None, "").await {
             tracing::warn!(lease = id, %error, "could not report staging; not starting");

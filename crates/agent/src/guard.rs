@@ -374,6 +374,7 @@ mod tests {
             checkpoint_dir: None,
             log_path: dir.join(format!("output-{lease_id}.log")),
             datasets_dir: None,
+            runtime: None,
         };
         let executor = ProcessExecutor;
         let first = executor.start(&spec(1)).await.unwrap();

@@ -11,4 +11,4 @@ pub mod gpu;
 pub mod guard;
 pub mod state;
 
-pub use agent::{Agent, AgentConfig, rotate_key};
+pub use agent::{Agent, AgentConfig, AgentError, rotate_key};

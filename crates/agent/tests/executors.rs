@@ -35,6 +35,8 @@ fn spec(image: &str, script: &str) -> RunSpec {
         checkpoint_dir: Some(dir.join("checkpoint")),
         log_path: dir.join("output.log"),
         datasets_dir: None,
+        // Ignored by the process and Docker executors; tells the dual one which to use.
+        runtime: Some(if image == "/bin/sh" { "process" } else { "container" }.to_string()),
     }
 }
 
@@ -190,4 +192,25 @@ async fn the_docker_executor_conforms() {
     let Some(executor) = docker().await else { return };
     conformance("docker", &executor, IMAGE).await;
     guard_conformance("docker", &executor, IMAGE).await;
+}
+
+/// `--executor both`: a process job as a process, a container job in Docker, each found again
+/// and stopped by its prefixed id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dual_executor_conforms_in_both_runtimes() {
+    let docker = docker().await;
+    let with_docker = docker.is_some();
+    let executor = agent::exec::dual::DualExecutor::new(docker);
+    let expected: Vec<String> = if with_docker {
+        vec!["process".into(), "container".into()]
+    } else {
+        vec!["process".into()]
+    };
+    assert_eq!(executor.runtimes(), expected);
+    conformance("both (process)", &executor, "/bin/sh").await;
+    guard_conformance("both (process)", &executor, "/bin/sh").await;
+    if with_docker {
+        conformance("both (docker)", &executor, IMAGE).await;
+        guard_conformance("both (docker)", &executor, IMAGE).await;
+    }
 }

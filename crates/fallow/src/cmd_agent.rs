@@ -56,8 +56,9 @@ pub struct AgentArgs {
     /// any file of this host whose digest it knows.
     #[arg(long)]
     allow_file_datasets: bool,
-    /// How replicas run: in Docker containers (the Docker Engine on this host), or as processes
-    /// (bare metal: `image` is the program).
+    /// How replicas run: in Docker containers (the Docker Engine on this host), as processes
+    /// (bare metal: `image` is the program), or both (jobs that ask for the process runtime as
+    /// processes, the others in containers).
     #[arg(long, value_enum, default_value_t = ExecutorKind::Docker)]
     executor: ExecutorKind,
 }
@@ -96,6 +97,7 @@ struct GuardArgs {
 enum ExecutorKind {
     Docker,
     Process,
+    Both,
 }
 
 /// Runs a replica's guard until it has stopped the replica (`agent::guard`); its stdin is the
@@ -131,10 +133,54 @@ fn guard(args: GuardArgs) -> anyhow::Result<()> {
                     .context("the guard's Docker executor")?;
                 agent::guard::run_guard(&executor, &args.replica, feed, &mut report, fence).await
             }
+            ExecutorKind::Both => {
+                let docker = if args.replica.starts_with("docker:") {
+                    Some(
+                        agent::exec::docker::DockerExecutor::connect(false)
+                            .await
+                            .context("the guard's Docker executor")?,
+                    )
+                } else {
+                    None
+                };
+                let executor = agent::exec::dual::DualExecutor::new(docker);
+                agent::guard::run_guard(&executor, &args.replica, feed, &mut report, fence).await
+            }
         }
         .context("stopping the replica")?;
         tracing::info!(replica = %args.replica, ?fired, "the guard stopped its replica");
         anyhow::Ok(())
+    })
+}
+
+/// An agent running in this process.
+pub struct RunningAgent {
+    /// What it offers, in words: node, GPUs, runtimes.
+    pub summary: String,
+    pub task: tokio::task::JoinHandle<Result<(), agent::AgentError>>,
+}
+
+/// Starts the agent with `executor`; it runs until `stopped` says so.
+async fn launch<E: agent::exec::Executor>(
+    config: agent::AgentConfig,
+    inventory: agent::gpu::Inventory,
+    executor: E,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<RunningAgent> {
+    let simulated = inventory.simulated;
+    let (model, count) = (inventory.model.clone(), inventory.gpus.len());
+    let runtimes = executor.runtimes().join(" and ");
+    let agent = agent::Agent::start(config, inventory, executor)
+        .await
+        .context("starting the agent")?;
+    let summary = format!(
+        "agent of node {} with {count} × {model}{}, running {runtimes} jobs",
+        agent.node_id(),
+        if simulated { " (simulated)" } else { "" }
+    );
+    Ok(RunningAgent {
+        summary,
+        task: tokio::spawn(agent.run(stopped)),
     })
 }
 
@@ -143,25 +189,93 @@ async fn serve<E: agent::exec::Executor>(
     config: agent::AgentConfig,
     inventory: agent::gpu::Inventory,
     executor: E,
-    kind: &str,
 ) -> anyhow::Result<()> {
-    let simulated = inventory.simulated;
-    let (model, count) = (inventory.model.clone(), inventory.gpus.len());
-    let agent = agent::Agent::start(config, inventory, executor)
-        .await
-        .context("starting the agent")?;
-    eprintln!(
-        "fallow: agent of node {} with {count} × {model}{} ({kind} executor)",
-        agent.node_id(),
-        if simulated { ", simulated" } else { "" }
-    );
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let running = tokio::spawn(agent.run(stopped));
+    let running = launch(config, inventory, executor, stopped).await?;
+    eprintln!("fallow: {}", running.summary);
     tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
     eprintln!("fallow: agent stopping");
     let _ = stop.send(true);
-    running.await.context("the agent's loop")??;
+    running.task.await.context("the agent's loop")??;
     Ok(())
+}
+
+/// The local agent of `fallow dev`: real GPUs when found (or `simulate`), otherwise
+/// `simulate_default`; processes always, and containers when a Docker Engine answers.
+pub async fn start_dev_agent(
+    coordinator: &str,
+    provider_key: &str,
+    data_dir: &std::path::Path,
+    simulate: Option<&str>,
+    simulate_default: &str,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<RunningAgent> {
+    let known = |name: &str| model::GpuCatalog::embedded().find(name).is_some();
+    let inventory = match simulate {
+        Some(text) => agent::gpu::simulated(text, known)?,
+        None => match agent::gpu::detect() {
+            Ok(found) => agent::gpu::inventory_of(found)?,
+            Err(error) => {
+                tracing::info!(%error, "no GPU found; the dev node offers simulated GPUs");
+                agent::gpu::simulated(simulate_default, known)?
+            }
+        },
+    };
+    let docker = agent::exec::docker::DockerExecutor::connect(!inventory.simulated)
+        .await
+        .ok();
+    let config = agent_config(
+        coordinator.to_string(),
+        Some(provider_key.to_string()),
+        data_dir.to_path_buf(),
+        "dev-node".to_string(),
+        "local",
+        api::PolicyDoc {
+            asks: asks("gold=3.00,silver=2.00,bronze=1.00")?,
+            ..api::PolicyDoc::default()
+        },
+    )?;
+    launch(
+        agent::AgentConfig {
+            usage_every: std::time::Duration::from_secs(5),
+            grace: std::time::Duration::from_secs(10),
+            ..config
+        },
+        inventory,
+        agent::exec::dual::DualExecutor::new(docker),
+        stopped,
+    )
+    .await
+}
+
+/// An agent's configuration with this host's cores and memory, the guard program (this binary)
+/// and default timings.
+fn agent_config(
+    coordinator: String,
+    provider_key: Option<String>,
+    data_dir: std::path::PathBuf,
+    name: String,
+    site: &str,
+    policy: api::PolicyDoc,
+) -> anyhow::Result<agent::AgentConfig> {
+    let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+    Ok(agent::AgentConfig {
+        coordinator,
+        provider_key,
+        data_dir,
+        name,
+        region: "local".to_string(),
+        site: site.to_string(),
+        fabric: format!("{site}-net"),
+        cpu_milli: u32::try_from(cores * 1000).unwrap_or(u32::MAX),
+        memory_mib: memory_mib(),
+        policy,
+        usage_every: std::time::Duration::from_secs(30),
+        grace: std::time::Duration::from_secs(30),
+        allow_file_datasets: false,
+        // This binary, as every replica's guard.
+        guard_program: Some(std::env::current_exe().context("finding the fallow binary, for the replicas' guards")?),
+    })
 }
 
 fn asks(text: &str) -> anyhow::Result<BTreeMap<String, String>> {
@@ -215,38 +329,41 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         Some(text) => agent::gpu::simulated(text, |name| model::GpuCatalog::embedded().find(name).is_some())?,
         None => agent::gpu::inventory_of(agent::gpu::detect()?)?,
     };
-    let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
-    let config = agent::AgentConfig {
-        coordinator: args.coordinator,
-        provider_key: args.provider_key,
-        data_dir: args.data_dir,
-        name: args.name.unwrap_or_else(host_name),
-        region: args.region,
-        site: args.site.clone(),
-        fabric: format!("{}-net", args.site),
-        cpu_milli: u32::try_from(cores * 1000).unwrap_or(u32::MAX),
-        memory_mib: memory_mib(),
-        policy: api::PolicyDoc {
+    let config = agent_config(
+        args.coordinator,
+        args.provider_key,
+        args.data_dir,
+        args.name.unwrap_or_else(host_name),
+        &args.site,
+        api::PolicyDoc {
             asks: asks(&args.asks)?,
             thermal_limit_c: args.thermal_limit_c,
             power_limit_w: args.power_limit_w,
             ..api::PolicyDoc::default()
         },
+    )?;
+    let config = agent::AgentConfig {
+        region: args.region,
         usage_every: std::time::Duration::from_secs(args.usage_every_s.max(1)),
         grace: std::time::Duration::from_secs(args.grace_s),
         allow_file_datasets: args.allow_file_datasets,
-        // This binary, as every replica's guard.
-        guard_program: Some(std::env::current_exe().context("finding the fallow binary, for the replicas' guards")?),
+        ..config
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
         match args.executor {
-            ExecutorKind::Process => serve(config, inventory, agent::exec::process::ProcessExecutor, "process").await,
+            ExecutorKind::Process => serve(config, inventory, agent::exec::process::ProcessExecutor).await,
             ExecutorKind::Docker => {
                 let executor = agent::exec::docker::DockerExecutor::connect(!inventory.simulated)
                     .await
                     .context("the Docker executor (or start the agent with --executor process)")?;
-                serve(config, inventory, executor, "docker").await
+                serve(config, inventory, executor).await
+            }
+            ExecutorKind::Both => {
+                let docker = agent::exec::docker::DockerExecutor::connect(!inventory.simulated)
+                    .await
+                    .context("the Docker executor (or start the agent with --executor process)")?;
+                serve(config, inventory, agent::exec::dual::DualExecutor::new(Some(docker))).await
             }
         }
     })

@@ -34,7 +34,12 @@ pub struct ServerArgs {
 }
 
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FALLOW_LOG").unwrap_or_else(|_| "info".into());
+    init_logging_at("info");
+}
+
+/// Logs as JSON lines on stderr, at `FALLOW_LOG`'s filter or else `level`.
+pub fn init_logging_at(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FALLOW_LOG").unwrap_or_else(|_| level.into());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -4,6 +4,7 @@ mod cli;
 mod cmd_agent;
 mod cmd_bench;
 mod cmd_bench_api;
+mod cmd_dev;
 mod cmd_server;
 mod cmd_sim;
 
@@ -39,6 +40,9 @@ enum Command {
     Admin(cli::admin::AdminArgs),
     /// Shell completions (bash, zsh, fish, elvish, powershell).
     Completions(cli::completions::CompletionsArgs),
+    /// Everything on this machine in one process: a coordinator (SQLite), a local agent, demo
+    /// accounts and the dashboard. Start here.
+    Dev(cmd_dev::DevArgs),
     /// The provider agent: registers the node, runs leased jobs, reports signed usage.
     Agent(cmd_agent::AgentArgs),
     /// Benchmarks of the matching engine (JSON on stdout).
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
         Command::Provider(args) => cli::provider::run(args),
         Command::Admin(args) => cli::admin::run(args),
         Command::Completions(args) => cli::completions::run(args),
+        Command::Dev(args) => cmd_dev::run(args),
         Command::Agent(args) => cmd_agent::run(args),
         Command::Bench(command) => cmd_bench::run(command),
         Command::Server(args) => cmd_server::run(args),

@@ -114,6 +114,10 @@ impl Executor for DockerExecutor {
 
     const NAME: &'static str = "docker";
 
+    fn runtimes(&self) -> Vec<String> {
+        vec!["container".to_string()]
+    }
+
     async fn start(&self, spec: &RunSpec) -> Result<DockerHandle, ExecError> {
         if spec.image.is_empty() {
             return Err(ExecError::Start("the job names no image".into()));

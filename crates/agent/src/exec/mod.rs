@@ -3,6 +3,7 @@
 //! every executor the same way.
 
 pub mod docker;
+pub mod dual;
 pub mod process;
 
 use std::collections::BTreeMap;
@@ -39,6 +40,8 @@ pub struct RunSpec {
     /// The dataset cache, when the job asked for datasets (read-only for the replica where the
     /// executor can enforce it).
     pub datasets_dir: Option<PathBuf>,
+    /// The runtime the job asked for ("container" or "process"); `None`: the executor's own.
+    pub runtime: Option<String>,
 }
 
 /// How a replica ended.
@@ -64,6 +67,10 @@ pub trait Executor: Send + Sync + 'static {
     /// The executor's name on the command line (`fallow agent --executor NAME`), which a guard
     /// process is told so that it stops the replica the same way (`crate::guard`).
     const NAME: &'static str;
+
+    /// The runtimes this executor runs replicas in ("container", "process"): the node registers
+    /// them, and jobs that name another runtime are not placed on it.
+    fn runtimes(&self) -> Vec<String>;
 
     /// Starts a replica; returns once it runs.
     fn start(&self, spec: &RunSpec) -> impl Future<Output = Result<Self::Handle, ExecError>> + Send;

@@ -109,6 +109,10 @@ impl Executor for ProcessExecutor {
 
     const NAME: &'static str = "process";
 
+    fn runtimes(&self) -> Vec<String> {
+        vec!["process".to_string()]
+    }
+
     async fn start(&self, spec: &RunSpec) -> Result<ProcessHandle, ExecError> {
         let (program, args) = if spec.image.is_empty() {
             let (first, rest) = spec

@@ -1,0 +1,339 @@
+//! `fallow dev` as a new user meets it: the binary started with a data directory and a port,
+//! then the CLI run against it with the keys it wrote, exactly as the README says. A process job
+//! and a container job run to `finished` and their output and cost are read back; Ctrl-C stops
+//! everything cleanly, and a restart keeps the jobs and the keys.
+//!
+//! The container job needs a Docker Engine and Debian's busybox-static (for a local image:
+//! no registry is reachable). Without them that part is skipped loudly, unless
+//! `FALLOW_CI_REQUIRE_SERVICES=1`, where it fails.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Scratch;
+use serde_json::Value;
+
+const WITHIN: Duration = Duration::from_secs(40);
+/// The local image the container job runs (busybox-static, imported).
+const IMAGE: &str = "fallow-dev-test-busybox:1";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("a free port")
+}
+
+/// `fallow dev`, its stderr in a file of the scratch directory.
+struct Dev {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Dev {
+    fn start(data_dir: &Path, port: u16, log: PathBuf) -> Dev {
+        let child = Command::new(env!("CARGO_BIN_EXE_fallow"))
+            .args(["dev", "--data-dir"])
+            .arg(data_dir)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start fallow dev");
+        Dev { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until it says it is ready (it prints the dashboard's address last).
+    fn wait_ready(&mut self) {
+        let start = Instant::now();
+        while !self.log().contains("Ctrl-C stops everything") {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("fallow dev exited with {status}:\n{}", self.log());
+            }
+            assert!(start.elapsed() < WITHIN, "fallow dev is not ready:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Ctrl-C, and how it exited.
+    fn interrupt(&mut self) -> std::process::ExitStatus {
+        send_sigint(self.child.id());
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(start.elapsed() < WITHIN, "fallow dev did not stop:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// SIGINT through kill(1), as a terminal's Ctrl-C would send it.
+fn send_sigint(pid: u32) {
+    let status = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(status.success());
+}
+
+/// The CLI with `FALLOW_URL` and `FALLOW_API_KEY` set, as the README says.
+fn fallow(url: &str, key: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fallow"))
+        .args(args)
+        .env("FALLOW_URL", url)
+        .env("FALLOW_API_KEY", key)
+        .env("FALLOW_CONFIG", "/dev/null")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the fallow binary")
+}
+
+fn ok(output: Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{what} failed:\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+fn json(output: Output, what: &str) -> Value {
+    let stdout = ok(output, what);
+    serde_json::from_str(&stdout).unwrap_or_else(|error| panic!("{what}: {error} in {stdout}"))
+}
+
+/// Polls `fallow job show ID --json` until the job is finished; returns that view.
+fn wait_finished(url: &str, key: &str, id: i64, dev: &Dev) -> Value {
+    let start = Instant::now();
+    loop {
+        let view = json(
+            fallow(url, key, &["job", "show", &id.to_string(), "--json"]),
+            "job show",
+        );
+        match view["state"].as_str() {
+            Some("finished") => return view,
+            Some("failed" | "cancelled") => panic!("job {id} ended badly: {view}\n{}", dev.log()),
+            _ => {}
+        }
+        assert!(
+            start.elapsed() < WITHIN,
+            "job {id} is not finished: {view}\n{}",
+            dev.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// A local image with busybox-static as /bin/sh, or why there is none.
+fn busybox_image() -> Result<(), String> {
+    let docker = Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output();
+    if !docker.is_ok_and(|output| output.status.success()) {
+        return Err("no Docker Engine answers".into());
+    }
+    if Command::new("docker")
+        .args(["image", "inspect", IMAGE])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+    {
+        return Ok(());
+    }
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.exists() {
+        return Err("/bin/busybox is missing (apt-get install busybox-static)".into());
+    }
+    let root = Scratch::new("fallow-dev-image");
+    std::fs::create_dir_all(root.path.join("bin")).unwrap();
+    std::fs::copy(busybox, root.path.join("bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.path.join("bin/sh")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.path.join("bin/echo")).unwrap();
+    let tarball = root.path.with_extension("tar");
+    let packed = Command::new("tar")
+        .arg("-cf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&root.path)
+        .arg("bin")
+        .status()
+        .map_err(|error| error.to_string())?;
+    if !packed.success() {
+        return Err("tar failed".into());
+    }
+    let imported = Command::new("docker")
+        .args(["import", &tarball.display().to_string(), IMAGE])
+        .output()
+        .map_err(|error| error.to_string())?;
+    let _ = std::fs::remove_file(&tarball);
+    if !imported.status.success() {
+        return Err(format!("docker import: {}", String::from_utf8_lossy(&imported.stderr)));
+    }
+    Ok(())
+}
+
+#[test]
+fn dev_runs_a_process_job_and_a_container_job_from_the_cli_and_keeps_its_state() {
+    let scratch = Scratch::new("fallow-dev");
+    let data_dir = scratch.path.join("data");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut dev = Dev::start(&data_dir, port, scratch.path.join("dev.log"));
+    dev.wait_ready();
+    let said = dev.log();
+    assert!(
+        said.contains(&format!("{url}/dashboard")),
+        "the dashboard's address: {said}"
+    );
+    assert!(
+        said.contains("(simulated)") || said.contains("× "),
+        "what the node offers: {said}"
+    );
+    let tenant_key = std::fs::read_to_string(data_dir.join("tenant.key")).expect("tenant.key");
+    let tenant_key = tenant_key.trim();
+    let provider_key = std::fs::read_to_string(data_dir.join("provider.key")).expect("provider.key");
+    let provider_key = provider_key.trim();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(data_dir.join("tenant.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "keys are the owner's alone");
+
+    // The command line, word for word.
+    let submitted = json(
+        fallow(
+            &url,
+            tenant_key,
+            &[
+                "job",
+                "submit",
+                "--json",
+                "--gpus",
+                "1",
+                "--tier",
+                "silver",
+                "--max-price",
+                "5",
+                "--process",
+                "--",
+                "sh",
+                "-c",
+                "echo hi",
+            ],
+        ),
+        "job submit",
+    );
+    let id = submitted["id"].as_i64().unwrap_or_else(|| panic!("an id: {submitted}"));
+    let finished = wait_finished(&url, tenant_key, id, &dev);
+    assert_eq!(finished["spec"]["runtime"], "process", "{finished}");
+    let logs = ok(fallow(&url, tenant_key, &["job", "logs", &id.to_string()]), "job logs");
+    assert_eq!(logs.trim(), "hi", "the job's output");
+    // Simulated devices are billed with play money in dev, so the cost shows.
+    let cost = finished["cost_micros"].as_i64().expect("cost_micros");
+    assert!(cost > 0, "a cost: {finished}");
+
+    // A container job, when Docker and busybox are here.
+    let mut jobs = vec![id];
+    match busybox_image() {
+        Ok(()) => {
+            let submitted = json(
+                fallow(
+                    &url,
+                    tenant_key,
+                    &[
+                        "job",
+                        "submit",
+                        "--json",
+                        "--image",
+                        IMAGE,
+                        "--gpus",
+                        "1",
+                        "--tier",
+                        "silver",
+                        "--max-price",
+                        "5",
+                        "--",
+                        "sh",
+                        "-c",
+                        "echo hi from a container",
+                    ],
+                ),
+                "container job submit",
+            );
+            let id = submitted["id"].as_i64().expect("an id");
+            let finished = wait_finished(&url, tenant_key, id, &dev);
+            assert!(
+                finished["cost_micros"].as_i64().is_some_and(|cost| cost > 0),
+                "{finished}"
+            );
+            let logs = ok(
+                fallow(&url, tenant_key, &["job", "logs", &id.to_string()]),
+                "container logs",
+            );
+            assert_eq!(logs.trim(), "hi from a container");
+            jobs.push(id);
+        }
+        Err(why) if std::env::var("FALLOW_CI_REQUIRE_SERVICES").as_deref() == Ok("1") => {
+            panic!("the container job must run here (FALLOW_CI_REQUIRE_SERVICES=1): {why}")
+        }
+        Err(why) => eprintln!("SKIPPED the container job of fallow dev: {why}"),
+    }
+    let nodes = json(fallow(&url, provider_key, &["node", "list", "--json"]), "node list");
+    let node = &nodes.as_array().expect("a list")[0];
+    assert_eq!(node["simulated"], true, "labelled simulated: {node}");
+
+    // Ctrl-C stops everything cleanly; a restart keeps the jobs and the keys.
+    let status = dev.interrupt();
+    assert!(status.success(), "exit status {status}:\n{}", dev.log());
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "nothing listens after Ctrl-C"
+    );
+    drop(dev);
+    let mut dev = Dev::start(&data_dir, port, scratch.path.join("dev-again.log"));
+    dev.wait_ready();
+    let again = std::fs::read_to_string(data_dir.join("tenant.key")).expect("tenant.key");
+    assert_eq!(again.trim(), tenant_key, "the same key after a restart");
+    let listed = json(fallow(&url, tenant_key, &["job", "list", "--json"]), "job list");
+    let listed: Vec<i64> = listed
+        .as_array()
+        .or_else(|| listed["jobs"].as_array())
+        .unwrap_or_else(|| panic!("a list of jobs: {listed}"))
+        .iter()
+        .filter_map(|job| job["id"].as_i64())
+        .collect();
+    for id in &jobs {
+        assert!(listed.contains(id), "job {id} is kept: {listed:?}");
+    }
+    let nodes = json(
+        fallow(&url, provider_key, &["node", "list", "--json"]),
+        "node list again",
+    );
+    assert_eq!(
+        nodes.as_array().map(Vec::len),
+        Some(1),
+        "the same node, not a second: {nodes}"
+    );
+    let status = dev.interrupt();
+    assert!(status.success(), "exit status {status}:\n{}", dev.log());
+}
