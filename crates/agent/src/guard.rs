@@ -249,6 +249,9 @@ mod tests {
         impl Executor for Recorder {
             type Handle = ();
             const NAME: &'static str = "recorder";
+            fn runtimes(&self) -> Vec<String> {
+                Vec::new()
+            }
             async fn start(&self, _: &crate::exec::RunSpec) -> Result<(), ExecError> {
                 Ok(())
             }
