@@ -27,15 +27,15 @@ pub struct Series {
 }
 
 /// A line chart of `series` between `from_us` and `to_us`; `value_label` writes a value on the
-/// vertical axis (e.g. as dollars). With `area`, the space under each line is shaded (for
-/// running totals).
+/// vertical axis (e.g. as dollars). A `running_total` is drawn in steps (it changes at its
+/// points, not between them) with the space under it shaded.
 pub struct LineChart<'a> {
     pub title: &'a str,
     pub from_us: i64,
     pub to_us: i64,
     pub series: &'a [Series],
     pub value_label: fn(i64) -> String,
-    pub area: bool,
+    pub running_total: bool,
 }
 
 /// The smallest of 1, 2 or 5 × 10^k that is at least `raw` (at least 1).
@@ -156,10 +156,16 @@ pub fn line_chart(chart: &LineChart) -> String {
         let colour = PALETTE[index % PALETTE.len()];
         let mut path = String::new();
         for (position, (at, value)) in series.points.iter().enumerate() {
-            let command = if position == 0 { 'M' } else { 'L' };
-            let _ = write!(path, "{command}{:.1} {:.1} ", x_of(*at), y_of(*value));
+            let (x, y) = (x_of(*at), y_of(*value));
+            if position == 0 {
+                let _ = write!(path, "M{x:.1} {y:.1} ");
+            } else if chart.running_total {
+                let _ = write!(path, "H{x:.1} V{y:.1} ");
+            } else {
+                let _ = write!(path, "L{x:.1} {y:.1} ");
+            }
         }
-        if chart.area {
+        if chart.running_total {
             let first = x_of(series.points[0].0);
             let last = x_of(series.points[series.points.len() - 1].0);
             let bottom = TOP + plot_height;
@@ -342,7 +348,7 @@ mod tests {
             to_us: 3_600_000_000,
             series: &series,
             value_label: dollars,
-            area: false,
+            running_total: false,
         });
         assert!(svg.starts_with("<svg"), "{svg}");
         assert!(svg.contains(">$3.00<") && svg.contains(">$0.00<"), "value ticks: {svg}");
@@ -356,6 +362,24 @@ mod tests {
     }
 
     #[test]
+    fn a_running_total_is_drawn_in_steps_over_a_shaded_area() {
+        let series = [Series {
+            label: "spent".into(),
+            points: vec![(0, 0), (1_800_000_000, 1_000_000), (3_600_000_000, 1_000_000)],
+        }];
+        let svg = line_chart(&LineChart {
+            title: "spend",
+            from_us: 0,
+            to_us: 3_600_000_000,
+            series: &series,
+            value_label: dollars,
+            running_total: true,
+        });
+        assert!(svg.contains("d=\"M84.0 230.0 H414.0 V14.0 H744.0 V14.0\""), "{svg}");
+        assert!(svg.contains("<path class=\"area\""), "{svg}");
+    }
+
+    #[test]
     fn an_empty_chart_says_so() {
         let svg = line_chart(&LineChart {
             title: "spend",
@@ -363,7 +387,7 @@ mod tests {
             to_us: 60_000_000,
             series: &[],
             value_label: dollars,
-            area: true,
+            running_total: true,
         });
         assert!(svg.contains("no data in this window"), "{svg}");
     }

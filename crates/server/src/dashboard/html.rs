@@ -32,6 +32,19 @@ pub fn per_gpu_hour(micros: i64) -> String {
     format!("{}/GPU-h", dollars(micros))
 }
 
+/// GPU time (thousandths of a GPU × seconds) in units that keep it readable: `45 GPU-s`,
+/// `12.5 GPU-min`, `3.25 GPU-h`.
+pub fn gpu_time(gpu_milli_seconds: i64) -> String {
+    let seconds = gpu_milli_seconds as f64 / 1000.0;
+    if seconds < 60.0 {
+        format!("{seconds:.1} GPU-s")
+    } else if seconds < 3600.0 {
+        format!("{:.1} GPU-min", seconds / 60.0)
+    } else {
+        format!("{:.2} GPU-h", seconds / 3600.0)
+    }
+}
+
 /// A share (0–1) as a percentage with one decimal.
 pub fn percent(share: f64) -> String {
     if share.is_finite() {
@@ -113,7 +126,12 @@ pub fn table(class: &str, head: &[&str], rows: &[Vec<String>], empty: &str) -> S
     for row in rows {
         out.push_str("<tr>");
         for cell in row {
-            let _ = write!(out, "<td>{cell}</td>");
+            // Amounts, counts and times stay on one line.
+            if cell.starts_with(|first: char| first == '$' || first.is_ascii_digit()) {
+                let _ = write!(out, "<td class=\"nowrap\">{cell}</td>");
+            } else {
+                let _ = write!(out, "<td>{cell}</td>");
+            }
         }
         out.push_str("</tr>");
     }
@@ -182,6 +200,13 @@ mod tests {
         assert_eq!(duration(-5), "0 ms");
         assert_eq!(duration(1_800_000_000), "30 min");
         assert_eq!(duration(7_200_000_000), "2 h");
+    }
+
+    #[test]
+    fn gpu_time_picks_readable_units() {
+        assert_eq!(gpu_time(1_500), "1.5 GPU-s");
+        assert_eq!(gpu_time(750_000), "12.5 GPU-min");
+        assert_eq!(gpu_time(11_700_000), "3.25 GPU-h");
     }
 
     #[test]

@@ -246,7 +246,7 @@ pub async fn page(
         to_us: now,
         series: &series,
         value_label: dollars,
-        area: false,
+        running_total: false,
     }));
     body.push_str(&format!(
         "<p class=\"note\">The median clearing price of the leases granted in each {}, per GPU model and tier.</p>",

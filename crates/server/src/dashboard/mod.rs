@@ -235,7 +235,9 @@ pub fn render(title: &str, session: Option<&Session>, body: &str, refresh_s: Opt
         ),
     );
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    // Not `no-referrer`: with it, browsers send `Origin: null` with the sign-in form, and
+    // `same_origin` could not tell this site's page from a sandboxed one elsewhere.
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }

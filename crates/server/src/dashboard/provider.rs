@@ -10,7 +10,7 @@ use ledger::Account;
 use store::Role;
 
 use super::chart::{LineChart, Series, line_chart};
-use super::html::{badge, dollars, duration, escape, percent, stat, table};
+use super::html::{badge, dollars, duration, escape, gpu_time, percent, stat, table};
 use super::market::window_links;
 use super::tenant::running_total;
 use super::{PageError, PageQuery, Session, render};
@@ -50,6 +50,7 @@ pub async fn page(
     let gpus: i64 = nodes.iter().map(|node| node.gpu_count).sum();
     let simulated = nodes.iter().filter(|node| node.simulated).count();
     let sold_hours: f64 = earnings.nodes.iter().map(|node| node.gpu_hours_sold).sum();
+    let sold = (sold_hours * 3_600_000.0).round() as i64;
 
     let mut body = format!("<h1>Provider: {}</h1>", escape(&session.name));
     body.push_str(&window_links("/dashboard/provider", hours));
@@ -66,7 +67,7 @@ pub async fn page(
     };
     body.push_str(&stat("nodes online", &nodes_text));
     body.push_str(&stat("GPUs", &gpus.to_string()));
-    body.push_str(&stat("GPU-hours sold", &format!("{sold_hours:.3}")));
+    body.push_str(&stat("GPU time sold", &gpu_time(sold)));
     body.push_str("</section>");
 
     body.push_str("<h2>Nodes</h2>");
@@ -100,7 +101,10 @@ pub async fn page(
                 heard,
                 percent(node.reliability),
                 node.live_leases.to_string(),
-                sold.map_or_else(|| "–".to_string(), |sold| format!("{:.3}", sold.gpu_hours_sold)),
+                sold.map_or_else(
+                    || "–".to_string(),
+                    |sold| gpu_time((sold.gpu_hours_sold * 3_600_000.0).round() as i64),
+                ),
                 sold.map_or_else(|| "–".to_string(), |sold| percent(sold.fill_rate)),
                 sold.map_or_else(|| "–".to_string(), |sold| dollars(sold.earned_micros)),
             ]
@@ -117,7 +121,7 @@ pub async fn page(
             "last heartbeat",
             "reliability",
             "live leases",
-            "GPU-hours sold",
+            "GPU time sold",
             "fill rate",
             "charged for its work",
         ],
@@ -142,7 +146,7 @@ pub async fn page(
         to_us: now,
         series: if earned_in_window > 0 { &series } else { &[] },
         value_label: dollars,
-        area: true,
+        running_total: true,
     }));
     if !complete {
         body.push_str(&format!(

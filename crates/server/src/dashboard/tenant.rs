@@ -10,7 +10,7 @@ use axum::response::Response;
 use store::Role;
 
 use super::chart::{LineChart, Series, line_chart};
-use super::html::{badge, dollars, escape, per_gpu_hour, percent, stat, table, utc};
+use super::html::{badge, dollars, escape, gpu_time, per_gpu_hour, percent, stat, table, utc};
 use super::market::{PRICE_POINTS_MAX, silver_reference, window_links};
 use super::{PageError, PageQuery, Session, render};
 use crate::state::{AppState, now_us};
@@ -128,12 +128,11 @@ pub async fn page(
     body.push_str(&stat("available", &dollars(balance.available_micros)));
     body.push_str(&stat("held in escrow", &dollars(balance.escrow_micros)));
     body.push_str(&stat(&format!("spent in the last {hours} h"), &dollars(spent)));
-    body.push_str(&stat(
-        "GPU-hours used",
-        &format!("{:.3}", metered as f64 / GPU_MILLI_SECONDS_PER_HOUR as f64),
-    ));
+    body.push_str(&stat("GPU time used", &gpu_time(metered)));
     if metered > 0 {
         let average = i128::from(spent) * GPU_MILLI_SECONDS_PER_HOUR / i128::from(metered);
+        // To the cent: usage is charged in whole micro-dollars, so the average is off in its last digits.
+        let average = (average + 5_000) / 10_000 * 10_000;
         body.push_str(&stat("paid per GPU-hour", &per_gpu_hour(average as i64)));
     }
     if reference_total > 0 {
@@ -205,7 +204,7 @@ pub async fn page(
         to_us: now,
         series: if spent > 0 { &series } else { &[] },
         value_label: dollars,
-        area: true,
+        running_total: true,
     }));
     body.push_str(
         "<p class=\"note\">Price paid: the clearing price of the job's leases. On-demand reference: the median \
