@@ -1,8 +1,8 @@
 //! The dashboard against a real coordinator. One test reads its pages over HTTP: who may see
 //! what (another tenant's job is a 404), sign-in and its cookie, escaping of what users wrote.
 //! The other loads each page in headless Chromium (driven through chromedriver with fantoccini)
-//! after real jobs ran on a process agent with simulated GPUs, checks what the pages say, and
-//! saves a screenshot of each (PNG) under `$FALLOW_TEST_ARTIFACTS/dashboard/`, or else
+//! from a running `fallow dev` after real process jobs ran on its local agent (simulated GPUs,
+//! billed with play money), checks what the pages say, and saves a screenshot of each (PNG) under `$FALLOW_TEST_ARTIFACTS/dashboard/`, or else
 //! `target/test-artifacts/dashboard/`.
 //!
 //! Without `chromium` and `chromedriver` the browser test is skipped with a loud message, unless
@@ -27,8 +27,11 @@ const PAGE_WITHIN: Duration = Duration::from_secs(10);
 const READY_WITHIN: Duration = Duration::from_secs(30);
 /// A job name that would run a script if a page did not escape it.
 const SCRIPT_NAME: &str = "<script>alert(1)</script>";
-/// Simulated GPUs of the test's node: enough for the jobs to run side by side.
+/// Simulated GPUs of `fallow dev`'s node (even where the host has real ones): enough for the
+/// jobs to run side by side.
 const SIMULATED_GPUS: &str = "H100-SXM5:2";
+/// The name `fallow dev` gives its local node.
+const DEV_NODE: &str = "dev-node";
 
 /// A child process killed (and reaped) when dropped; its output goes to a log file.
 struct Process {
@@ -52,6 +55,21 @@ impl Process {
             log,
             child,
         }
+    }
+
+    /// Ctrl-C, as a person stops it; a kill if it has not stopped within `within`.
+    fn interrupt(mut self, within: Duration) {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!("{} did not stop on Ctrl-C within {within:?}; killing it", self.name);
     }
 
     fn log_tail(&self) -> String {
@@ -137,6 +155,39 @@ async fn start_coordinator(scratch: &Scratch) -> (Process, String, String) {
         .trim()
         .to_string();
     (server, url, admin_key)
+}
+
+/// `fallow dev` (a coordinator, a local agent with simulated GPUs, demo tenant and provider) on
+/// a free port; its process, URL and data directory once its node's keys are written.
+async fn start_dev(scratch: &Scratch) -> (Process, String, PathBuf) {
+    let data_dir = scratch.path.join("dev");
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let dev = Process::start(
+        "dev",
+        Command::new(env!("CARGO_BIN_EXE_fallow"))
+            .args(["dev", "--simulate-gpus", SIMULATED_GPUS, "--listen"])
+            .arg(url.trim_start_matches("http://"))
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .env_remove("FALLOW_DATA_DIR")
+            .env_remove("FALLOW_LISTEN"),
+        &scratch.path,
+    );
+    let client = http();
+    let health = format!("{url}/v1/health");
+    let deadline = Instant::now() + READY_WITHIN;
+    loop {
+        let up = matches!(client.get(&health).send().await, Ok(response) if response.status() == StatusCode::OK);
+        if up && data_dir.join("tenant.key").exists() && data_dir.join("provider.key").exists() {
+            return (dev, url, data_dir);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fallow dev did not start; {}",
+            dev.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn call(method: reqwest::Method, url: &str, key: &str, body: Option<Value>) -> (StatusCode, Value) {
@@ -487,23 +538,17 @@ async fn dashboard_in_a_real_browser_shows_jobs_logs_costs_nodes_and_the_market(
     };
     let started = Instant::now();
     let scratch = Scratch::new("fallow_dashboard_browser");
-    let (server, base, admin_key) = start_coordinator(&scratch).await;
-    let (_, tenant_key) = account(&base, &admin_key, "tenant", "acme").await;
+    let (dev, base, data_dir) = start_dev(&scratch).await;
+    let key = |file: &str| {
+        std::fs::read_to_string(data_dir.join(file))
+            .unwrap_or_else(|error| panic!("fallow dev wrote {file}: {error}"))
+            .trim()
+            .to_string()
+    };
+    let (admin_key, tenant_key, provider_key) = (key("admin.key"), key("tenant.key"), key("provider.key"));
     let (_, other_key) = account(&base, &admin_key, "tenant", "rival").await;
-    let (_, provider_key) = account(&base, &admin_key, "provider", "farm").await;
-    let agent = Process::start(
-        "agent",
-        Command::new(env!("CARGO_BIN_EXE_fallow"))
-            .args(["agent", "--executor", "process", "--simulate-gpus", SIMULATED_GPUS])
-            .args(["--name", "dash-node", "--usage-every-s", "1", "--grace-s", "2"])
-            .args(["--coordinator", &base, "--provider-key", &provider_key])
-            .arg("--data-dir")
-            .arg(scratch.path.join("agent"))
-            .env_remove("FALLOW_AGENT_DATA_DIR"),
-        &scratch.path,
-    );
     let nodes_url = format!("{base}/v1/nodes");
-    eventually(READY_WITHIN, "the agent's node online", || async {
+    eventually(READY_WITHIN, "the local agent's node online", || async {
         let (_, nodes) = call(reqwest::Method::GET, &nodes_url, &provider_key, None).await;
         nodes
             .as_array()?
@@ -532,9 +577,8 @@ async fn dashboard_in_a_real_browser_shows_jobs_logs_costs_nodes_and_the_market(
             }
             assert!(
                 Instant::now() < deadline,
-                "job {id} not finished and billed within {JOBS_DONE_WITHIN:?}: {job}\n{}\n{}",
-                agent.log_tail(),
-                server.log_tail()
+                "job {id} not finished and billed within {JOBS_DONE_WITHIN:?}: {job}\n{}",
+                dev.log_tail()
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -676,11 +720,11 @@ async fn dashboard_in_a_real_browser_shows_jobs_logs_costs_nodes_and_the_market(
         .expect_text(
             "provider",
             "table.nodes",
-            &["dash-node", "simulated", "online", "2 × H100-SXM5"],
+            &[DEV_NODE, "simulated", "online", "2 × H100-SXM5"],
         )
         .await;
     assert_eq!(browser.path().await, "/dashboard/provider");
-    let node_row = nodes.lines().find(|line| line.contains("dash-node")).unwrap_or(&nodes);
+    let node_row = nodes.lines().find(|line| line.contains(DEV_NODE)).unwrap_or(&nodes);
     assert!(
         micros_in(node_row).is_some_and(|micros| micros > 0),
         "the node's work was charged: {nodes}"
@@ -696,8 +740,7 @@ async fn dashboard_in_a_real_browser_shows_jobs_logs_costs_nodes_and_the_market(
     browser.shot("provider").await;
 
     let _ = browser.client.close().await;
-    drop(agent);
-    drop(server);
+    dev.interrupt(READY_WITHIN);
     eprintln!(
         "dashboard browser test: {:.1} s; screenshots in {}",
         started.elapsed().as_secs_f64(),
