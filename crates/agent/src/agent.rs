@@ -157,7 +157,17 @@ pub struct Agent<E: Executor> {
     heartbeat_timeout: Option<Duration>,
     /// The replicas' guards, by lease id (none without `AgentConfig::guard_program`).
     guards: Guards,
+    /// Usage records the coordinator could not be reached for, oldest first: sent again when
+    /// contact returns (each once per sequence; the coordinator bills it up to the lease's end).
+    unsent: std::collections::VecDeque<trust::UsageRecord>,
+    /// When `tend` last began (ms): a frozen agent's replicas were stopped by their guards
+    /// about a fence after it.
+    tended_ms: i64,
 }
+
+/// The most usage records kept for a coordinator that cannot be reached (a day of one replica
+/// metered every 10 s); older ones are dropped first.
+const UNSENT_USAGE_MAX: usize = 8_640;
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -172,7 +182,10 @@ fn digest_of_file(path: &std::path::Path) -> String {
 
 impl<E: Executor> Agent<E> {
     /// Loads or makes the node's key and registers the node if this data directory has not yet.
-    pub async fn start(config: AgentConfig, inventory: Inventory, executor: E) -> Result<Agent<E>, AgentError> {
+    pub async fn start(mut config: AgentConfig, inventory: Inventory, executor: E) -> Result<Agent<E>, AgentError> {
+        // Replicas run in directories of their own: every path handed to them is absolute.
+        std::fs::create_dir_all(&config.data_dir)?;
+        config.data_dir = std::path::absolute(&config.data_dir)?;
         let (key, created) = state::load_or_create_key(&config.data_dir)?;
         if created {
             tracing::info!(
@@ -235,6 +248,8 @@ impl<E: Executor> Agent<E> {
             launch_waiting: false,
             ended: std::collections::HashSet::new(),
             contact: tokio::sync::watch::Sender::new(tokio::time::Instant::now()),
+            unsent: std::collections::VecDeque::new(),
+            tended_ms: 0,
             heartbeat_timeout: None,
             guards: Guards::default(),
         })
@@ -318,6 +333,12 @@ impl<E: Executor> Agent<E> {
                             heartbeat_every = Duration::from_millis(answer.heartbeat_interval_ms.max(100));
                             self.heartbeat_timeout = (answer.heartbeat_timeout_ms > 0)
                                 .then(|| Duration::from_millis(answer.heartbeat_timeout_ms));
+                            if let Some(timeout) = self.heartbeat_timeout {
+                                // A request to an unreachable coordinator gives up well
+                                // before this agent must fence itself (half the timeout).
+                                self.client
+                                    .set_request_timeout((timeout / 4).max(Duration::from_millis(500)));
+                            }
                             // The lease set comes from the long poll alone: it is versioned,
                             // while a heartbeat answered late may carry an older set, which
                             // would stop a replica the newer one just started.
@@ -569,7 +590,11 @@ impl<E: Executor> Agent<E> {
             "the coordinator has not answered for half the heartbeat timeout; stopping every replica"
         );
         let ids: Vec<i64> = self.runs.keys().copied().collect();
+        // Metered to a fence after the last contact, not to now: the guards stop the replicas
+        // then, and this loop may notice late (a request to the unreachable coordinator held it).
+        let fenced_at = now_ms() - self.contact.borrow().elapsed().as_millis() as i64 + fence.fence.as_millis() as i64;
         for id in ids {
+            self.meter_for_later(id, fenced_at);
             if let Some(run) = self.runs.remove(&id) {
                 self.stop_in_background(run, grace);
             }
@@ -581,7 +606,11 @@ impl<E: Executor> Agent<E> {
     /// coordinator has them, like `fence_if_cut_off`.
     fn take_guarded_stops(&mut self) {
         let Some(fence) = self.fence() else { return };
+        // Metered up to when the guard stopped it (this agent may have been frozen much longer
+        // since); without its word, at most a fence after this agent last looked.
+        let fenced_at = self.tended_ms + fence.fence.as_millis() as i64;
         for id in self.guards.fired() {
+            self.meter_for_later(id, self.guards.fired_at(id).unwrap_or(fenced_at));
             if let Some(run) = self.runs.remove(&id) {
                 tracing::warn!(lease = id, "the replica's guard stopped it; leaving its lease as it is");
                 self.stop_in_background(run, fence.grace);
@@ -593,6 +622,14 @@ impl<E: Executor> Agent<E> {
     async fn tend(&mut self) {
         self.fence_if_cut_off();
         self.take_guarded_stops();
+        self.tended_ms = now_ms();
+        if !self.unsent.is_empty()
+            && self
+                .fence()
+                .is_none_or(|fence| self.contact.borrow().elapsed() < fence.fence)
+        {
+            self.send_unsent_usage().await;
+        }
         self.stopping.retain(|_, (_, task)| !task.is_finished());
         if self.launch_waiting {
             let wanted = self.wanted.clone();
@@ -694,12 +731,57 @@ impl<E: Executor> Agent<E> {
         }
     }
 
-    /// Sends the usage of replica `id` from where metering stopped to `now_ms`.
+    /// Sends the usage of replica `id` from where metering stopped to `now_ms`; kept to send
+    /// again if the coordinator cannot be reached.
     async fn meter(&mut self, id: i64, now: i64) {
-        let Some(run) = self.runs.get_mut(&id) else { return };
+        let Some(record) = self.usage_record(id, now) else {
+            return;
+        };
+        self.send_usage(record).await;
+    }
+
+    /// Sends a usage record; one the coordinator could not be reached for waits in `unsent`.
+    /// Returns false when it could not be reached.
+    async fn send_usage(&mut self, record: trust::UsageRecord) -> bool {
+        match self.client.usage(&self.key, self.node_id, &record).await {
+            Ok(_) => true,
+            Err(error @ ClientError::Refused { .. }) => {
+                tracing::warn!(lease = record.lease_id, %error, "a usage record was refused");
+                true
+            }
+            Err(error) => {
+                tracing::warn!(lease = record.lease_id, %error, "a usage record waits to be sent again");
+                if self.unsent.len() >= UNSENT_USAGE_MAX {
+                    self.unsent.pop_front();
+                }
+                self.unsent.push_back(record);
+                false
+            }
+        }
+    }
+
+    /// Sends the usage records that waited for the coordinator, oldest first, while it answers.
+    async fn send_unsent_usage(&mut self) {
+        while let Some(record) = self.unsent.pop_front() {
+            let sequence = record.sequence;
+            if !self.send_usage(record).await {
+                // Put back in front, where it was (`send_usage` queued it last).
+                if let Some(record) = self.unsent.pop_back() {
+                    debug_assert_eq!(record.sequence, sequence);
+                    self.unsent.push_front(record);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Signs nothing yet: the usage of replica `id` from where metering stopped to `now`, and
+    /// metering moves there.
+    fn usage_record(&mut self, id: i64, now: i64) -> Option<trust::UsageRecord> {
+        let run = self.runs.get_mut(&id)?;
         let period_ms = now - run.metered_to_ms;
         if period_ms <= 0 {
-            return;
+            return None;
         }
         let gpu_seconds_milli = run.gpu_milli * period_ms / 1000;
         run.sequence += 1;
@@ -723,8 +805,17 @@ impl<E: Executor> Agent<E> {
         };
         run.metered_to_ms = now;
         run.gpu_seconds_milli += gpu_seconds_milli;
-        if let Err(error) = self.client.usage(&self.key, self.node_id, &record).await {
-            tracing::warn!(lease = id, %error, "a usage record was refused");
+        Some(record)
+    }
+
+    /// Meters replica `id` up to `until_ms` and keeps the record for when the coordinator
+    /// answers again: it is being stopped because the coordinator cannot be heard.
+    fn meter_for_later(&mut self, id: i64, until_ms: i64) {
+        if let Some(record) = self.usage_record(id, until_ms.min(now_ms())) {
+            if self.unsent.len() >= UNSENT_USAGE_MAX {
+                self.unsent.pop_front();
+            }
+            self.unsent.push_back(record);
         }
     }
 

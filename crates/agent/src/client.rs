@@ -37,6 +37,8 @@ pub struct LeaseSet {
 pub struct Client {
     http: reqwest::Client,
     base: String,
+    /// See `request_timeout`.
+    timeout_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn now_ms() -> i64 {
@@ -74,7 +76,21 @@ impl Client {
         Ok(Client {
             http,
             base: coordinator.trim_end_matches('/').to_string(),
+            timeout_ms: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(REQUEST_TIMEOUT.as_millis() as u64)),
         })
+    }
+
+    /// How long a request may take before it counts as unreachable: at most `REQUEST_TIMEOUT`,
+    /// less once the agent knows the heartbeat timeout (see `set_request_timeout`).
+    pub fn request_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.timeout_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Requests give up after `timeout` (capped at `REQUEST_TIMEOUT`): an agent cut off from the
+    /// coordinator must not sit in one request past the time it should fence itself.
+    pub fn set_request_timeout(&self, timeout: std::time::Duration) {
+        let timeout = timeout.min(REQUEST_TIMEOUT).as_millis() as u64;
+        self.timeout_ms.store(timeout, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Registers the node with the provider's API key.
@@ -131,7 +147,7 @@ impl Client {
             reqwest::Method::POST,
             "/v1/agent/heartbeat",
             Some(beat),
-            REQUEST_TIMEOUT,
+            self.request_timeout(),
         )
         .await
     }
@@ -148,7 +164,7 @@ impl Client {
             Some(version) => format!("/v1/agent/leases?wait_ms={wait_ms}&known={version}"),
             None => "/v1/agent/leases".to_string(),
         };
-        let timeout = REQUEST_TIMEOUT + std::time::Duration::from_millis(wait_ms);
+        let timeout = self.request_timeout() + std::time::Duration::from_millis(wait_ms);
         self.signed(key, node_id, reqwest::Method::GET, &path, None::<&()>, timeout)
             .await
     }
@@ -161,9 +177,16 @@ impl Client {
         event: &LeaseEventRequest,
     ) -> Result<(), ClientError> {
         let path = format!("/v1/agent/leases/{lease_id}/events");
-        self.signed::<serde_json::Value>(key, node_id, reqwest::Method::POST, &path, Some(event), REQUEST_TIMEOUT)
-            .await
-            .map(|_| ())
+        self.signed::<serde_json::Value>(
+            key,
+            node_id,
+            reqwest::Method::POST,
+            &path,
+            Some(event),
+            self.request_timeout(),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Asks the coordinator to replace the node's key (`key`) with `new`.
@@ -177,7 +200,7 @@ impl Client {
             reqwest::Method::POST,
             "/v1/agent/key",
             Some(&body),
-            REQUEST_TIMEOUT,
+            self.request_timeout(),
         )
         .await
         .map(|_| ())
@@ -198,7 +221,7 @@ impl Client {
             reqwest::Method::POST,
             &path,
             Some(progress),
-            REQUEST_TIMEOUT,
+            self.request_timeout(),
         )
         .await
         .map(|_| ())
@@ -214,7 +237,14 @@ impl Client {
     ) -> Result<bool, ClientError> {
         let path = format!("/v1/agent/leases/{lease_id}/logs");
         let accepted: api::LogChunkAccepted = self
-            .signed(key, node_id, reqwest::Method::POST, &path, Some(chunk), REQUEST_TIMEOUT)
+            .signed(
+                key,
+                node_id,
+                reqwest::Method::POST,
+                &path,
+                Some(chunk),
+                self.request_timeout(),
+            )
             .await?;
         Ok(accepted.stored)
     }
@@ -229,7 +259,7 @@ impl Client {
                 reqwest::Method::POST,
                 "/v1/agent/usage",
                 Some(&signed),
-                REQUEST_TIMEOUT,
+                self.request_timeout(),
             )
             .await?;
         Ok(accepted.charged_micros)
@@ -248,7 +278,7 @@ impl Client {
             reqwest::Method::POST,
             "/v1/agent/attestations",
             Some(&signed),
-            REQUEST_TIMEOUT,
+            self.request_timeout(),
         )
         .await
         .map(|_| ())

@@ -27,9 +27,29 @@ use crate::exec::{ExecError, Executor};
 
 /// What the agent writes to every guard each time it hears from the coordinator.
 pub const FEED: &[u8] = b".";
-/// What a guard writes to its stdout when it stops its replica: an agent that is alive after
-/// all (it was frozen, or cut off) then takes the replica as fenced, not as failed.
-pub const FIRED: &[u8] = b"stopping\n";
+/// What a guard writes to its stdout when it stops its replica, followed by the time (Unix
+/// milliseconds) and a newline: an agent that is alive after all (it was frozen, or cut off)
+/// then takes the replica as fenced, not as failed, and meters it up to that time.
+pub const FIRED: &[u8] = b"stopping ";
+
+/// The guard's report: [`FIRED`] and the time it fired.
+pub fn fired_report(at_ms: i64) -> Vec<u8> {
+    let mut report = FIRED.to_vec();
+    report.extend_from_slice(format!("{at_ms}\n").as_bytes());
+    report
+}
+
+/// The time in a guard's report, if it is one.
+pub fn fired_at(report: &[u8]) -> Option<i64> {
+    let text = std::str::from_utf8(report.strip_prefix(FIRED)?).ok()?;
+    text.trim().parse().ok()
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as i64)
+}
 
 /// A guard's times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,7 +98,7 @@ pub async fn run_guard<E: Executor>(
         }
     };
     // The agent may not be there to read it; the replica is stopped all the same.
-    let _ = report.write_all(FIRED).and_then(|()| report.flush());
+    let _ = report.write_all(&fired_report(unix_ms())).and_then(|()| report.flush());
     match fired {
         Fired::Silence => tracing::warn!(
             replica,
@@ -98,6 +118,8 @@ struct GuardProcess {
     report: ChildStdout,
     /// It said it fired, or ended.
     fired: bool,
+    /// When it said it fired (Unix ms).
+    fired_at_ms: Option<i64>,
 }
 
 impl GuardProcess {
@@ -105,7 +127,10 @@ impl GuardProcess {
         if !self.fired {
             let mut bytes = [0u8; 64];
             self.fired = match self.report.read(&mut bytes) {
-                Ok(_) => true,
+                Ok(read) => {
+                    self.fired_at_ms = fired_at(&bytes[..read]);
+                    true
+                }
                 Err(error) => error.kind() != std::io::ErrorKind::WouldBlock,
             };
         }
@@ -189,6 +214,7 @@ impl Guards {
             feed,
             report,
             fired: false,
+            fired_at_ms: None,
         };
         let replaced = self.lock().insert(lease_id, guard);
         if let Some(old) = replaced {
@@ -214,6 +240,14 @@ impl Guards {
             .collect();
         fired.sort_unstable();
         fired
+    }
+
+    /// When the guard of `lease_id` said it stopped its replica (Unix ms), if it said so.
+    pub fn fired_at(&self, lease_id: i64) -> Option<i64> {
+        self.lock().get_mut(&lease_id).and_then(|guard| {
+            guard.look();
+            guard.fired_at_ms
+        })
     }
 
     /// Whether the guard of `lease_id` has stopped, or is stopping, its replica. A guard says so
@@ -296,7 +330,8 @@ mod tests {
         let fired = run_guard(&recorder, "17", receiver, &mut report, fence).await.unwrap();
         assert_eq!(fired, Fired::Silence);
         assert!(started.elapsed() >= Duration::from_millis(1_000), "it waited while fed");
-        assert_eq!(report, FIRED);
+        let at = fired_at(&report).expect("the report says when");
+        assert!((unix_ms() - at).abs() < 5_000, "fired just now: {at}");
         assert_eq!(
             recorder.0.lock().unwrap().clone(),
             vec![("17".to_string(), Duration::from_millis(7))]

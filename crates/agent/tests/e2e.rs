@@ -634,6 +634,10 @@ async fn e2e_a_cut_off_agent_stops_its_replica_before_the_lease_moves_so_the_job
 
     proxy.cut();
     let cut_at = Instant::now();
+    let cut_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
     // The job moves to the spare node only after a whole timeout; the cut-off replica must be
     // gone before any replica starts there.
     let start = Instant::now();
@@ -671,6 +675,31 @@ async fn e2e_a_cut_off_agent_stops_its_replica_before_the_lease_moves_so_the_job
     assert_eq!(lost["state"], "lost", "{view}");
     assert_eq!(view["state"], "running", "{view}");
     assert!(alive(second_pid), "the moved replica runs on");
+    // What the replica delivered while cut off, up to the fence (half the 3 s timeout after the
+    // last heartbeat, which came at most 500 ms before the cut), was metered then and is taken
+    // once contact returns; nothing after the lease's end.
+    let ended_ms = lost["ended_at_us"].as_i64().expect("ended_at_us") / 1000;
+    let metered_to = world
+        .running
+        .state
+        .store
+        .usage_of_lease(first["id"].as_i64().unwrap())
+        .await
+        .unwrap()
+        .iter()
+        .map(|record| {
+            serde_json::from_str::<Value>(&record.body).unwrap()["period_end_ms"]
+                .as_i64()
+                .unwrap()
+        })
+        .max()
+        .expect("the lost lease was metered");
+    assert!(
+        metered_to >= cut_ms + 900 && metered_to <= ended_ms,
+        "metered to {} ms after the cut; the lease ended {} ms after it",
+        metered_to - cut_ms,
+        ended_ms - cut_ms
+    );
     assert!(!alive(first_pid));
     let _ = cut_stop.send(true);
     let _ = spare_stop.send(true);

@@ -169,7 +169,7 @@ async fn guard_conformance<E: Executor>(name: &str, executor: &E, image: &str) {
         .await
         .unwrap_or_else(|error| panic!("{name}: the guard stops the replica: {error}"));
     assert_eq!(fired, guard::Fired::Silence, "{name}");
-    assert_eq!(report, guard::FIRED, "{name}: it says so");
+    assert!(guard::fired_at(&report).is_some(), "{name}: it says so, and when");
     assert!(
         started.elapsed() >= Duration::from_millis(600),
         "{name}: not while it was fed ({:?})",

@@ -1168,6 +1168,7 @@ async fn check_record<T: trust::RecordBody>(
     lease: &store::LeaseRecord,
     epoch: i64,
     kind: &str,
+    usage: bool,
 ) -> ApiResult<()> {
     let identity = state.node_identity(node_id).await?;
     if let Err(error) = trust::verify_record(&identity.key, node_id, record) {
@@ -1177,7 +1178,11 @@ async fn check_record<T: trust::RecordBody>(
             .await?;
         return Err(error.into());
     }
-    if epoch != lease.epoch {
+    // Usage a replica delivered before the coordinator ended its lease (which moved the epoch
+    // on) is still owed: an agent cut off sends it when contact returns. Its period is checked
+    // against the lease's end by the caller.
+    let delivered_before_the_end = usage && !lease.state.is_live() && epoch == lease.epoch - 1;
+    if epoch != lease.epoch && !delivered_before_the_end {
         return Err(ApiError::Conflict(format!(
             "lease {} is at epoch {}, not {}: reports for an old epoch are refused",
             lease.id, lease.epoch, epoch
@@ -1200,6 +1205,7 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
         &lease,
         body.epoch,
         "bad_usage_signature",
+        true,
     )
     .await?;
     let now = now_us();
@@ -1341,6 +1347,7 @@ pub async fn attest(State(state): AppStateRef, signed: Signed<SignedAttestation>
         &lease,
         body.epoch,
         "bad_attestation_signature",
+        false,
     )
     .await?;
     let now = now_us();

@@ -348,6 +348,18 @@ async fn a_silent_node_loses_its_lease_and_the_job_queues_again() {
                 .event(&lost, "running")
                 .await
                 .refused(409, "an event for the lost lease");
+            // What the replica delivered before the lease ended is still owed: a record at the
+            // epoch it ran under, for a second before the end, is taken (an agent cut off sends
+            // it when contact returns); one for a time after the end is not, nor an event.
+            let delivered = silent
+                .signed("POST", "/v1/agent/usage", Some(&silent.usage(&lost, 1, 1000)))
+                .await
+                .expect(200, "usage delivered before the lease was lost");
+            assert!(micros(&delivered["charged_micros"]) > 0, "{}: {delivered}", h.backend);
+            silent
+                .signed("POST", "/v1/agent/usage", Some(&silent.usage(&lost, 600, 1000)))
+                .await
+                .refused(400, "usage for a time after the lease was lost");
         },
     )
     .await;
