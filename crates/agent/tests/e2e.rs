@@ -881,6 +881,90 @@ async fn e2e_a_preempted_job_resumes_from_its_checkpoint() {
     world.end().await;
 }
 
+/// The issue's preemption scenario with containers: a bronze container job runs; a gold job
+/// needs its GPUs; the container gets SIGTERM, writes its checkpoint to `/checkpoint` within the
+/// grace period and is stopped; the gold job runs; the bronze job queues again and resumes from
+/// its checkpoint. Its output (read through the API) says where each run started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_a_preempted_container_job_writes_its_checkpoint_and_resumes_from_it() {
+    let Some(executor) = docker().await else { return };
+    let world = world_with(|config| config.matcher.preemption_grace_s = 3).await;
+    let (_, stop, task) = start_agent(&world, "container-resumer", executor).await;
+    let script = "c=$(cat /checkpoint/count 2>/dev/null || echo 0); echo \"start $c\"; \
+         trap 'echo $c > /checkpoint/count; echo \"saved $c\"; exit 143' TERM; \
+         while [ $c -lt 40 ]; do c=$((c + 1)); sleep 0.1; done; echo done";
+    let bronze = json!({
+        "name": "resumable-container",
+        "image": IMAGE,
+        "command": ["/bin/sh", "-c", script],
+        "gpus": 2,
+        "tier": "bronze",
+        "preemptible": true,
+        "checkpoint_dir": "/checkpoint",
+        "max_price_per_gpu_hour": "5.00",
+        "max_runtime_s": 600,
+    });
+    let bronze_id = submit(&world, bronze).await;
+    wait_for_job(&world, bronze_id, "running").await;
+    let output = async |job: i64| -> String {
+        let (_, logs) = tenant_get(&world, &format!("/v1/jobs/{job}/logs")).await;
+        logs["chunks"]
+            .as_array()
+            .map(|chunks| chunks.iter().filter_map(|chunk| chunk["text"].as_str()).collect())
+            .unwrap_or_default()
+    };
+    let start = Instant::now();
+    while !output(bronze_id).await.contains("start 0") {
+        assert!(start.elapsed() < DEADLINE, "the bronze container never started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let gold = json!({
+        "name": "urgent-container",
+        "image": IMAGE,
+        "command": ["/bin/sh", "-c", "sleep 0.5"],
+        "gpus": 2,
+        "tier": "gold",
+        "max_price_per_gpu_hour": "5.00",
+        "max_runtime_s": 600,
+    });
+    let gold_id = submit(&world, gold).await;
+    let gold_view = wait_for_job(&world, gold_id, "finished").await;
+    let finished = wait_for_job(&world, bronze_id, "finished").await;
+    let text = output(bronze_id).await;
+    let starts: Vec<i64> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("start ")?.parse().ok())
+        .collect();
+    let saved: Vec<i64> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("saved ")?.parse().ok())
+        .collect();
+    assert_eq!(starts.len(), 2, "preempted once, run twice: {text:?} {finished}");
+    assert_eq!(saved.len(), 1, "the checkpoint was written on SIGTERM: {text:?}");
+    assert!(saved[0] > 0, "{text:?}");
+    assert_eq!(
+        starts[1], saved[0],
+        "the second run resumed from the checkpoint: {text:?}"
+    );
+    assert!(text.trim_end().ends_with("done"), "{text:?}");
+    let states: Vec<&str> = finished["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|lease| lease["state"].as_str())
+        .collect();
+    assert_eq!(states, vec!["preempted", "finished"], "{finished}");
+    // The gold job ran between the two: it started after the bronze lease ended.
+    let preempted_end = finished["leases"][0]["ended_at_us"].as_i64().unwrap();
+    let gold_start = gold_view["leases"][0]["created_at_us"].as_i64().unwrap();
+    let resumed_start = finished["leases"][1]["created_at_us"].as_i64().unwrap();
+    assert!(gold_start <= resumed_start, "gold first: {gold_view} {finished}");
+    assert!(preempted_end <= resumed_start, "{finished}");
+    stop_agent(stop, task).await;
+    world.end().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn e2e_datasets_are_verified_before_the_job_starts() {
     let world = world_with(|config| config.bill_simulated = true).await;
