@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The agent's footprint: resident memory and CPU time of the `fallow agent` process while idle
 # and while it runs a job, with a coordinator on the same machine (simulated GPUs, process
-# executor, heartbeats every 10 s). Prints one JSON object. Linux only (reads /proc).
+# executor, heartbeats every 10 s), and of a running replica's guard process. Prints one JSON object.
+# Linux only (reads /proc).
 #
 # Usage: scripts/agent-footprint.sh            (builds the release binary first)
 #        FALLOW_BIN=path/to/fallow SECONDS_EACH=30 scripts/agent-footprint.sh
@@ -53,6 +54,9 @@ read -r idle_rss idle_cpu < <(sample)
 post "$tenant_key" /v1/jobs "{\"name\": \"busy\", \"image\": \"/bin/sh\", \"command\": [\"-c\", \"while true; do echo tick; sleep 0.2; done\"], \"gpus\": 8, \"tier\": \"silver\", \"max_price_per_gpu_hour\": \"5.00\", \"max_runtime_s\": 3600}" >/dev/null
 sleep 2
 read -r busy_rss busy_cpu < <(sample)
+# Each running replica has a guard process beside it (`fallow agent guard`, a child of the agent).
+guard=$(pgrep -P "$agent" -f 'agent guard' | head -1 || true)
+guard_rss=$([ -n "$guard" ] && awk '/^VmRSS:/ {print $2}' "/proc/$guard/status" || echo 0)
 cat <<EOF
-{"seconds_each": $each, "idle_rss_mib": $(python3 -c "print(round($idle_rss / 1024, 1))"), "idle_cpu_pct": $(python3 -c "print(round(100 * $idle_cpu / $each, 2))"), "running_rss_mib": $(python3 -c "print(round($busy_rss / 1024, 1))"), "running_cpu_pct": $(python3 -c "print(round(100 * $busy_cpu / $each, 2))")}
+{"seconds_each": $each, "idle_rss_mib": $(python3 -c "print(round($idle_rss / 1024, 1))"), "idle_cpu_pct": $(python3 -c "print(round(100 * $idle_cpu / $each, 2))"), "running_rss_mib": $(python3 -c "print(round($busy_rss / 1024, 1))"), "running_cpu_pct": $(python3 -c "print(round(100 * $busy_cpu / $each, 2))"), "guard_rss_mib_per_replica": $(python3 -c "print(round($guard_rss / 1024, 1))")}
 EOF

@@ -20,6 +20,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 /// How long the jobs of the browser test may take to run and be billed.
+/// The local image the container job runs (busybox-static, imported: no registry is reachable).
+const CONTAINER_IMAGE: &str = "fallow-dashboard-test-busybox:1";
 const JOBS_DONE_WITHIN: Duration = Duration::from_secs(40);
 /// How long a page element may take to show what is expected.
 const PAGE_WITHIN: Duration = Duration::from_secs(10);
@@ -567,8 +569,40 @@ async fn dashboard_in_a_real_browser_shows_jobs_logs_costs_nodes_and_the_market(
     .await;
     let scripted = submit(&base, &tenant_key, SCRIPT_NAME, "echo '<b>not bold</b>'").await;
     let rivals = submit(&base, &other_key, "rivals-job", "echo rival").await;
+    // A container job too, where a Docker Engine runs (required in CI).
+    let container = match common::busybox_image(CONTAINER_IMAGE) {
+        Ok(()) => {
+            let (status, job) = call(
+                reqwest::Method::POST,
+                &format!("{base}/v1/jobs"),
+                &tenant_key,
+                Some(json!({
+                    "name": "container-job",
+                    "image": CONTAINER_IMAGE,
+                    "command": ["/bin/sh", "-c", "echo hello-from-a-container; sleep 1"],
+                    "runtime": "container",
+                    "gpus": 1,
+                    "tier": "silver",
+                    "max_price_per_gpu_hour": "5.00",
+                    "max_runtime_s": 600,
+                })),
+            )
+            .await;
+            assert_eq!(status, StatusCode::CREATED, "{job}");
+            job["id"].as_i64()
+        }
+        Err(why) if std::env::var("FALLOW_CI_REQUIRE_SERVICES").as_deref() == Ok("1") => {
+            panic!("the dashboard's container job must run here (FALLOW_CI_REQUIRE_SERVICES=1): {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIPPED the dashboard's container job: {why}");
+            None
+        }
+    };
     let deadline = Instant::now() + JOBS_DONE_WITHIN;
-    for (id, key) in [(hello, &tenant_key), (scripted, &tenant_key), (rivals, &other_key)] {
+    let mut jobs = vec![(hello, &tenant_key), (scripted, &tenant_key), (rivals, &other_key)];
+    jobs.extend(container.map(|id| (id, &tenant_key)));
+    for (id, key) in jobs {
         let url = format!("{base}/v1/jobs/{id}");
         loop {
             let (_, job) = call(reqwest::Method::GET, &url, key, None).await;
@@ -690,6 +724,18 @@ async fn dashboard_in_a_real_browser_shows_jobs_logs_costs_nodes_and_the_market(
     assert!(cost > Some(0), "a cost above $0: {stats}");
     browser.expect_text("job-logs", "pre.logs", &["hello-dashboard"]).await;
     browser.shot("job").await;
+
+    // The container job's page: its image, its cost and its output.
+    if let Some(container) = container {
+        browser.goto(&format!("{base}/dashboard/jobs/{container}")).await;
+        browser
+            .expect_text("container-job", "section.stats", &["$2.00/GPU-h", "cost"])
+            .await;
+        browser
+            .expect_text("container-job-logs", "pre.logs", &["hello-from-a-container"])
+            .await;
+        browser.shot("job-container").await;
+    }
 
     // What a user wrote is shown as text, never as markup.
     browser.goto(&format!("{base}/dashboard/jobs/{scripted}")).await;

@@ -142,55 +142,6 @@ fn wait_finished(url: &str, key: &str, id: i64, dev: &Dev) -> Value {
     }
 }
 
-/// A local image with busybox-static as /bin/sh, or why there is none.
-fn busybox_image() -> Result<(), String> {
-    let docker = Command::new("docker")
-        .args(["version", "--format", "{{.Server.Version}}"])
-        .output();
-    if !docker.is_ok_and(|output| output.status.success()) {
-        return Err("no Docker Engine answers".into());
-    }
-    if Command::new("docker")
-        .args(["image", "inspect", IMAGE])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success())
-    {
-        return Ok(());
-    }
-    let busybox = Path::new("/bin/busybox");
-    if !busybox.exists() {
-        return Err("/bin/busybox is missing (apt-get install busybox-static)".into());
-    }
-    let root = Scratch::new("fallow-dev-image");
-    std::fs::create_dir_all(root.path.join("bin")).unwrap();
-    std::fs::copy(busybox, root.path.join("bin/busybox")).unwrap();
-    std::os::unix::fs::symlink("busybox", root.path.join("bin/sh")).unwrap();
-    std::os::unix::fs::symlink("busybox", root.path.join("bin/echo")).unwrap();
-    let tarball = root.path.with_extension("tar");
-    let packed = Command::new("tar")
-        .arg("-cf")
-        .arg(&tarball)
-        .arg("-C")
-        .arg(&root.path)
-        .arg("bin")
-        .status()
-        .map_err(|error| error.to_string())?;
-    if !packed.success() {
-        return Err("tar failed".into());
-    }
-    let imported = Command::new("docker")
-        .args(["import", &tarball.display().to_string(), IMAGE])
-        .output()
-        .map_err(|error| error.to_string())?;
-    let _ = std::fs::remove_file(&tarball);
-    if !imported.status.success() {
-        return Err(format!("docker import: {}", String::from_utf8_lossy(&imported.stderr)));
-    }
-    Ok(())
-}
-
 #[test]
 fn dev_runs_a_process_job_and_a_container_job_from_the_cli_and_keeps_its_state() {
     let scratch = Scratch::new("fallow-dev");
@@ -254,7 +205,7 @@ fn dev_runs_a_process_job_and_a_container_job_from_the_cli_and_keeps_its_state()
 
     // A container job, when Docker and busybox are here.
     let mut jobs = vec![id];
-    match busybox_image() {
+    match common::busybox_image(IMAGE) {
         Ok(()) => {
             let submitted = json(
                 fallow(

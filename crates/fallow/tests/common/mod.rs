@@ -906,3 +906,53 @@ pub async fn assert_metrics_balanced(http: &reqwest::Client, base: &str) {
     );
     assert_eq!(sample(&text, "fallow_ledger_sum_micros{of=\"entries\"}"), Some(0.0));
 }
+
+/// A local image `tag` with busybox-static as /bin/sh (no registry is reachable: `docker
+/// import` of a tarball), or why there is none.
+pub fn busybox_image(tag: &str) -> Result<(), String> {
+    let docker = std::process::Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output();
+    if !docker.is_ok_and(|output| output.status.success()) {
+        return Err("no Docker Engine answers".into());
+    }
+    if std::process::Command::new("docker")
+        .args(["image", "inspect", tag])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+    {
+        return Ok(());
+    }
+    let busybox = std::path::Path::new("/bin/busybox");
+    if !busybox.exists() {
+        return Err("/bin/busybox is missing (apt-get install busybox-static)".into());
+    }
+    let root = Scratch::new("fallow-dev-image");
+    std::fs::create_dir_all(root.path.join("bin")).unwrap();
+    std::fs::copy(busybox, root.path.join("bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.path.join("bin/sh")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.path.join("bin/echo")).unwrap();
+    let tarball = root.path.with_extension("tar");
+    let packed = std::process::Command::new("tar")
+        .arg("-cf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&root.path)
+        .arg("bin")
+        .status()
+        .map_err(|error| error.to_string())?;
+    if !packed.success() {
+        return Err("tar failed".into());
+    }
+    let imported = std::process::Command::new("docker")
+        .args(["import", &tarball.display().to_string(), tag])
+        .output()
+        .map_err(|error| error.to_string())?;
+    let _ = std::fs::remove_file(&tarball);
+    if !imported.status.success() {
+        return Err(format!("docker import: {}", String::from_utf8_lossy(&imported.stderr)));
+    }
+    Ok(())
+}
