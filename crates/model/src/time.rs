@@ -22,6 +22,34 @@ pub fn day_start(at: Timestamp) -> Timestamp {
     at - at.rem_euclid(SECONDS_PER_DAY)
 }
 
+/// The civil date (year, month 1–12, day 1–31) of a day counted from 1970-01-01, in the
+/// proleptic Gregorian calendar (Howard Hinnant's `civil_from_days`).
+pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z - era * 146_097;
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
+    (year_of_era + era * 400 + i64::from(month <= 2), month, day)
+}
+
+/// Days from 1970-01-01 to a civil date (Howard Hinnant's `days_from_civil`).
+pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let day_of_year = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -32,5 +60,16 @@ mod tests {
         assert_eq!(weekday(4 * SECONDS_PER_DAY), 0); // Monday 1970-01-05
         assert_eq!(weekday(-1), 2); // Wednesday 1969-12-31
         assert_eq!(minute_of_day(SECONDS_PER_DAY + 3 * 3600 + 61), 181);
+    }
+
+    #[test]
+    fn civil_dates_round_trip() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(-1), (1969, 12, 31));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        for days in (-800_000..800_000).step_by(997) {
+            let (year, month, day) = civil_from_days(days);
+            assert_eq!(days_from_civil(year, month, day), days);
+        }
     }
 }

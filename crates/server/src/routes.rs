@@ -408,13 +408,7 @@ pub struct InvoiceQuery {
 
 /// Days from 1970-01-01 to the first of `month` in `year` (proleptic Gregorian).
 fn days_to_month(year: i64, month: i64) -> i64 {
-    // Howard Hinnant's days_from_civil, for the first day of the month.
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
-    let day_of_year = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
+    model::time::days_from_civil(year, month, 1)
 }
 
 /// The first microsecond of a `YYYY-MM` month and of the next one.

@@ -130,32 +130,7 @@ pub fn this_month() -> String {
     format!("{year:04}-{month:02}")
 }
 
-/// Year, month and day of a day number since 1970-01-01 (Howard Hinnant's civil_from_days).
-pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z - era * 146_097;
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    };
-    (year_of_era + era * 400 + i64::from(month <= 2), month, day)
-}
-
-/// Days from 1970-01-01 to a date (Howard Hinnant's days_from_civil).
-pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
-    let day_of_year = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
-}
+pub use model::time::{civil_from_days, days_from_civil};
 
 /// A duration as `1h02m`, `3m05s` or `42s`.
 pub fn duration(elapsed: Duration) -> String {

@@ -5,6 +5,7 @@
 use std::fmt::Write;
 
 use model::Micros;
+use model::time::civil_from_days;
 
 /// `text` made safe as HTML element content and as a quoted attribute value.
 pub fn escape(text: &str) -> String {
@@ -52,25 +53,6 @@ pub fn percent(share: f64) -> String {
     } else {
         "–".to_string()
     }
-}
-
-/// The civil date (year, month, day) of a day counted from 1970-01-01 (proleptic Gregorian).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z - era * 146_097;
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 const DAY_US: i64 = 86_400_000_000;
