@@ -457,6 +457,16 @@ async fn e2e_a_cancelled_job_is_stopped_and_a_restarted_agent_stops_its_leftover
     let second = submit(&world, job("outlives", &script)).await;
     wait_for_job(&world, second, "running").await;
     let first_pid = read_pid(&pid_file, "the second job never started").await;
+    // The agent writes the replica down just after it starts; it dies after that.
+    let runs = world.dir.join("rig-2").join(agent::state::RUNS_FILE);
+    let start = Instant::now();
+    while !std::fs::read_to_string(&runs)
+        .unwrap_or_default()
+        .contains(&first_pid.to_string())
+    {
+        assert!(start.elapsed() < DEADLINE, "the replica was never written to runs.json");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     task.abort();
     let _ = task.await;
     drop(stop);

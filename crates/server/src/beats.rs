@@ -86,14 +86,14 @@ pub struct Noted {
 }
 
 /// What a heartbeat's over-limit flag means for the store (see `Beats::over_limit_change`).
+/// A node within its limits that the store has over them (another replica, or this one before
+/// a restart, set the flag) is cleared by the batched heartbeat write (`Heartbeat::within_limits`),
+/// so the first heartbeat here reads nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OverLimitChange {
     Unchanged,
-    /// Write the flag.
+    /// Write the flag now.
     Changed,
-    /// The first heartbeat here says the node is within its limits: clear the store's flag if
-    /// it is set (another replica, or this one before a restart, may have set it).
-    FirstWithin,
 }
 
 #[derive(Default)]
@@ -179,7 +179,7 @@ impl Beats {
             Some(before) if before == over => OverLimitChange::Unchanged,
             Some(_) => OverLimitChange::Changed,
             None if over => OverLimitChange::Changed,
-            None => OverLimitChange::FirstWithin,
+            None => OverLimitChange::Unchanged,
         }
     }
 
@@ -214,6 +214,7 @@ impl Beats {
                 } else {
                     None
                 },
+                within_limits: beat.over_limit == Some(false),
             });
         }
         taken

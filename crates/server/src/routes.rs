@@ -818,11 +818,6 @@ pub async fn heartbeat(
                 .set_node_over_limit(signed.node_id, request.over_limit, now)
                 .await?;
         }
-        OverLimitChange::FirstWithin => {
-            if state.store.node_over_limit_since(signed.node_id).await?.is_some() {
-                state.store.set_node_over_limit(signed.node_id, false, now).await?;
-            }
-        }
     }
     Metrics::add(&state.metrics.heartbeats, 1);
     Ok(Json(HeartbeatResponse {

@@ -165,7 +165,8 @@ impl Store {
     }
 
     /// Records a batch of heartbeats in one transaction (group commit). A node that was offline
-    /// comes back online (`online_changed_at` moves); new datasets move `updated_at`.
+    /// comes back online (`online_changed_at` moves); new datasets move `updated_at`; a node
+    /// within its limits that the store has over them is cleared (`over_limit_changed_at` moves).
     ///
     /// Each change is its own statement that assigns only what it changes: SQLite rewrites an
     /// index whenever an `UPDATE` assigns one of its columns, changed or not, so one statement
@@ -201,6 +202,20 @@ impl Store {
                 let mut update = sqlx::query(sqlx::AssertSqlSafe(query));
                 for beat in with_datasets {
                     update = update.bind(beat.node_id).bind(beat.at).bind(beat.datasets.as_deref());
+                }
+                update.execute(&mut *transaction).await?;
+            }
+            let within: Vec<&Heartbeat> = chunk.iter().filter(|beat| beat.within_limits).collect();
+            if !within.is_empty() {
+                let query = format!(
+                    "UPDATE nodes SET over_limit_since = NULL, over_limit_changed_at = v.at \
+                     FROM (SELECT column1 AS id, column2 AS at FROM (VALUES {}) AS raw) AS v \
+                     WHERE nodes.id = v.id AND nodes.over_limit_since IS NOT NULL",
+                    crate::values_rows(within.len(), &["BIGINT", "BIGINT"])
+                );
+                let mut update = sqlx::query(sqlx::AssertSqlSafe(query));
+                for beat in within {
+                    update = update.bind(beat.node_id).bind(beat.at);
                 }
                 update.execute(&mut *transaction).await?;
             }
@@ -313,18 +328,6 @@ impl Store {
         };
         let done = sqlx::query(query).bind(now).bind(id).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
-    }
-
-    /// Since when a node has been over its owner's limits (`None`: it is not, or is unknown).
-    pub async fn node_over_limit_since(&self, id: i64) -> Result<Option<i64>> {
-        let row = sqlx::query("SELECT over_limit_since FROM nodes WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(match row {
-            Some(row) => row.try_get("over_limit_since")?,
-            None => None,
-        })
     }
 
     /// Nodes whose over-limit state changed at or after `since`: (id, over since, changed at).

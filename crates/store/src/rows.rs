@@ -144,6 +144,8 @@ pub struct Heartbeat {
     pub telemetry: String,
     /// The datasets the node now holds (JSON array), when the agent reported them.
     pub datasets: Option<String>,
+    /// The node says it is within its owner's limits: a flag the store has set is cleared.
+    pub within_limits: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]

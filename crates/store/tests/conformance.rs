@@ -181,12 +181,14 @@ async fn nodes_heartbeats_and_nonces() {
                     at: 100,
                     telemetry: "{\"t\":1}".to_string(),
                     datasets: None,
+                    within_limits: true,
                 },
                 Heartbeat {
                     node_id: second.id,
                     at: 100,
                     telemetry: "{}".to_string(),
                     datasets: Some("[1]".to_string()),
+                    within_limits: true,
                 },
             ])
             .await
@@ -205,12 +207,47 @@ async fn nodes_heartbeats_and_nonces() {
             vec![(first.id, true, 100), (second.id, true, 100)],
             "{backend}: coming online is a change of its own"
         );
+        // Over its owner's limits: set at once, kept by heartbeats that say so, cleared by the
+        // first batched heartbeat within them; each change is in the feed.
+        assert!(store.set_node_over_limit(first.id, true, 150).await.unwrap());
+        assert!(
+            !store.set_node_over_limit(first.id, true, 151).await.unwrap(),
+            "{backend}: already"
+        );
+        assert_eq!(store.nodes_over_limit_since(150).await.unwrap(), vec![first.id]);
+        assert!(store.nodes_over_limit_since(149).await.unwrap().is_empty());
+        assert_eq!(
+            store.over_limit_changes_since(150).await.unwrap(),
+            vec![(first.id, Some(150), 150)],
+            "{backend}"
+        );
+        let beat = |at: i64, within_limits: bool| Heartbeat {
+            node_id: first.id,
+            at,
+            telemetry: "{}".to_string(),
+            datasets: None,
+            within_limits,
+        };
+        store.record_heartbeats(&[beat(160, false)]).await.unwrap();
+        assert_eq!(store.node(first.id).await.unwrap().unwrap().over_limit_since, Some(150));
+        store.record_heartbeats(&[beat(170, true)]).await.unwrap();
+        assert_eq!(
+            store.node(first.id).await.unwrap().unwrap().over_limit_since,
+            None,
+            "{backend}"
+        );
+        assert_eq!(
+            store.over_limit_changes_since(160).await.unwrap(),
+            vec![(first.id, None, 170)],
+            "{backend}"
+        );
         store
             .record_heartbeats(&[Heartbeat {
                 node_id: first.id,
                 at: 200,
                 telemetry: "{}".to_string(),
                 datasets: None,
+                within_limits: true,
             }])
             .await
             .unwrap();
@@ -233,6 +270,7 @@ async fn nodes_heartbeats_and_nonces() {
                 at: 350,
                 telemetry: "{\"t\":2}".to_string(),
                 datasets: Some("[1]".to_string()),
+                within_limits: true,
             }])
             .await
             .unwrap();

@@ -57,6 +57,19 @@ impl DockerExecutor {
         let _ = self.docker.remove_container(container, Some(options)).await;
     }
 
+    /// Pulls `image` (a name with a tag or digest; `latest` when it has neither), waiting for the
+    /// pull to end.
+    async fn pull(&self, image: &str) -> Result<(), bollard::errors::Error> {
+        let options = bollard::query_parameters::CreateImageOptionsBuilder::default()
+            .from_image(image)
+            .build();
+        let mut progress = self.docker.create_image(Some(options), None, None);
+        while let Some(step) = progress.next().await {
+            step?;
+        }
+        Ok(())
+    }
+
     /// Copies the container's output to `path` as it comes, until the container ends.
     fn follow_logs(&self, container: &str, path: std::path::PathBuf) {
         let docker = self.docker.clone();
@@ -122,11 +135,22 @@ impl Executor for DockerExecutor {
         if spec.image.is_empty() {
             return Err(ExecError::Start("the job names no image".into()));
         }
-        let image = self
-            .docker
-            .inspect_image(&spec.image)
-            .await
-            .map_err(|error| ExecError::Start(format!("image {:?} is not on this node: {error}", spec.image)))?;
+        let image = match self.docker.inspect_image(&spec.image).await {
+            Ok(image) => image,
+            Err(_) => {
+                // Not here yet: pull it (from the registry its name says), then look again.
+                self.pull(&spec.image).await.map_err(|error| {
+                    ExecError::Start(format!(
+                        "image {:?} is not on this node and could not be pulled: {error}",
+                        spec.image
+                    ))
+                })?;
+                self.docker
+                    .inspect_image(&spec.image)
+                    .await
+                    .map_err(|error| ExecError::Start(format!("image {:?} is not on this node: {error}", spec.image)))?
+            }
+        };
         let image_digest = image
             .repo_digests
             .as_ref()
