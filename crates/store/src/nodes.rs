@@ -166,7 +166,8 @@ impl Store {
 
     /// Records a batch of heartbeats in one transaction (group commit). A node that was offline
     /// comes back online (`online_changed_at` moves); new datasets move `updated_at`; a node
-    /// within its limits that the store has over them is cleared (`over_limit_changed_at` moves).
+    /// within its limits that the store has over them since before the heartbeat is cleared
+    /// (`over_limit_changed_at` moves): a later heartbeat that said "over" is not undone.
     ///
     /// Each change is its own statement that assigns only what it changes: SQLite rewrites an
     /// index whenever an `UPDATE` assigns one of its columns, changed or not, so one statement
@@ -210,7 +211,7 @@ impl Store {
                 let query = format!(
                     "UPDATE nodes SET over_limit_since = NULL, over_limit_changed_at = v.at \
                      FROM (SELECT column1 AS id, column2 AS at FROM (VALUES {}) AS raw) AS v \
-                     WHERE nodes.id = v.id AND nodes.over_limit_since IS NOT NULL",
+                     WHERE nodes.id = v.id AND nodes.over_limit_since IS NOT NULL AND nodes.over_limit_since < v.at",
                     crate::values_rows(within.len(), &["BIGINT", "BIGINT"])
                 );
                 let mut update = sqlx::query(sqlx::AssertSqlSafe(query));

@@ -229,6 +229,8 @@ async fn nodes_heartbeats_and_nonces() {
             within_limits,
         };
         store.record_heartbeats(&[beat(160, false)]).await.unwrap();
+        // A heartbeat from before the flag was set (written late) does not clear it.
+        store.record_heartbeats(&[beat(140, true)]).await.unwrap();
         assert_eq!(store.node(first.id).await.unwrap().unwrap().over_limit_since, Some(150));
         store.record_heartbeats(&[beat(170, true)]).await.unwrap();
         assert_eq!(
