@@ -1,15 +1,98 @@
 //! `fallow sim …`: simulations.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
+use sim::market::{self, DemandSource, FleetSource, MarketConfig, MarketReport, Scenario};
 use sim::packing::{self, PackingConfig, PolicyName, PolicyReport};
 
 #[derive(Subcommand)]
 pub enum SimCommand {
     /// Packing quality on a node list and a pod list, by the FGD paper's protocol.
     Packing(PackingArgs),
+    /// The market in virtual time with the production matcher: Fallow's matcher beside a FIFO
+    /// cluster, a pay-as-bid market and the matcher without gang repair, on one fleet, one
+    /// demand and one set of failures.
+    Market(MarketArgs),
+}
+
+#[derive(Args)]
+pub struct MarketArgs {
+    /// GPUs of the synthetic market (8-GPU nodes and GB200 NVL72 racks; 1 % hobbyists' consumer GPUs).
+    #[arg(long, default_value_t = 100_000)]
+    gpus: u64,
+    /// Simulated days, from a Monday 00:00 UTC.
+    #[arg(long, default_value_t = 7)]
+    days: u32,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// `default`, or `big-training`: one gold gang of --gang-gpus on a campus of GB200 NVL72
+    /// racks (added beside the market) for the whole run.
+    #[arg(long, default_value = "default", value_parser = parse_scenario)]
+    scenario: Scenario,
+    /// fallow, fifo, pay-as-bid, no-repair (comma-separated), or all.
+    #[arg(long, default_value = "all", value_parser = parse_market_policies)]
+    policies: MarketPolicies,
+    /// A node list instead of the synthetic fleet (openb, Philly or PAI form), e.g.
+    /// ../shared/traces/openb/openb_node_list_gpu_node.csv.
+    #[arg(long)]
+    nodes: Option<PathBuf>,
+    /// Replay an openb pod list with times (its 11-column form) instead of the synthetic demand.
+    #[arg(long)]
+    pods: Option<PathBuf>,
+    /// A replayed pod list arrives this many times faster than recorded.
+    #[arg(long, default_value_t = 1.0)]
+    compress: f64,
+    /// Synthetic demand as a share of the GPU-hours the market offers.
+    #[arg(long, default_value_t = 0.9)]
+    load: f64,
+    /// GPUs of the big-training gang (a multiple of 8: 8-GPU replicas).
+    #[arg(long, default_value_t = 100_000)]
+    gang_gpus: u32,
+    /// The big-training gang's checkpoint interval (each checkpoint costs 10 s).
+    #[arg(long, default_value_t = 1800)]
+    checkpoint_interval_s: u32,
+    /// Run the matcher's consistency check and the ledger's balance every this many virtual
+    /// seconds, and at the end (0: after every event; O(fleet) each, so keep it coarse at 1M GPUs).
+    #[arg(long, default_value_t = 21_600)]
+    check_every_s: i64,
+    /// Resolution of the charts, in virtual seconds.
+    #[arg(long, default_value_t = 600)]
+    sample_every_s: i64,
+    /// Threads the policies run on side by side (0: one per core); results do not depend on it.
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// The shared traces folder, for the market prices.
+    #[arg(long, default_value = "../shared/traces")]
+    traces: PathBuf,
+    /// Write the HTML report (index.html) and its SVG charts into this directory.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Print one JSON object on stdout instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Debug)]
+struct MarketPolicies(Vec<market::PolicyName>);
+
+fn parse_market_policies(text: &str) -> Result<MarketPolicies, String> {
+    market::PolicyName::parse_list(text).map(MarketPolicies)
+}
+
+fn parse_scenario(text: &str) -> Result<Scenario, String> {
+    Scenario::parse(text).ok_or_else(|| format!("`{text}` is not a scenario: use default or big-training"))
+}
+
+/// The matcher's time, for the report; the simulation never reads it.
+struct WallStopwatch(Instant);
+
+impl market::Stopwatch for WallStopwatch {
+    fn elapsed_ns(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
 }
 
 #[derive(Args)]
@@ -69,6 +152,137 @@ fn parse_seeds(text: &str) -> Result<Seeds, String> {
 pub fn run(command: SimCommand) -> anyhow::Result<()> {
     match command {
         SimCommand::Packing(args) => run_packing(args),
+        SimCommand::Market(args) => run_market(args),
+    }
+}
+
+fn run_market(args: MarketArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.load.is_finite() && args.load > 0.0 && args.load <= 10.0,
+        "--load must be a share of the offered GPU-hours in (0, 10], got {}",
+        args.load
+    );
+    if !args.traces.is_dir() {
+        bail!(
+            "the traces folder {} does not exist here (the working directory is {}): run from the repository \
+             root with ../shared/traces beside it, or pass --traces DIR (a folder holding {})",
+            args.traces.display(),
+            std::env::current_dir().map_or_else(|_| "unknown".into(), |dir| dir.display().to_string()),
+            synth::PRICE_STATS_FILE
+        );
+    }
+    let prices = synth::market_prices(&args.traces).context("loading the market prices")?;
+    let threads = if args.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |cores| cores.get())
+    } else {
+        args.threads
+    };
+    let mut config = MarketConfig::new(args.gpus, args.days, args.seed, prices);
+    config.scenario = args.scenario;
+    config.policies = args.policies.0;
+    config.fleet = match args.nodes {
+        Some(path) => FleetSource::NodeList(path),
+        None => FleetSource::Synthetic,
+    };
+    config.demand = match args.pods {
+        Some(path) => DemandSource::Replay {
+            path,
+            compress: args.compress,
+        },
+        None => DemandSource::Synthetic,
+    };
+    config.load_permille = (args.load * 1000.0).round() as u32;
+    config.gang_gpus = args.gang_gpus;
+    config.gang_checkpoint_interval_s = args.checkpoint_interval_s;
+    config.check_every_s = args.check_every_s;
+    config.sample_every_s = args.sample_every_s;
+    config.threads = threads;
+    let started = Instant::now();
+    let report = market::run_market(&config, &WallStopwatch(Instant::now()))?;
+    let wall_s = started.elapsed().as_secs_f64();
+    if let Some(directory) = &args.report {
+        write_report(directory, &report)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_market(&report, wall_s, threads);
+    }
+    Ok(())
+}
+
+fn write_report(directory: &Path, report: &MarketReport) -> anyhow::Result<()> {
+    std::fs::create_dir_all(directory).with_context(|| format!("creating {}", directory.display()))?;
+    let files = market::html::render(report, market::MARKET_START);
+    for (name, contents) in &files {
+        let path = directory.join(name);
+        std::fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))?;
+    }
+    eprintln!(
+        "report: {} ({} charts)",
+        directory.join("index.html").display(),
+        files.len() - 1
+    );
+    Ok(())
+}
+
+fn print_market(report: &MarketReport, wall_s: f64, threads: usize) {
+    println!(
+        "{} scenario, seed {}, {} days, {} GPUs ({}); trace hash {}; {wall_s:.1} s on {threads} threads",
+        report.scenario, report.seed, report.days, report.fleet.gpus, report.fleet.source, report.trace_hash
+    );
+    let names: Vec<&str> = report.policies.keys().copied().collect();
+    print!("{:<40}", "");
+    for name in &names {
+        print!("{name:>13}");
+    }
+    println!();
+    let show = |value: Option<f64>| value.map_or("-".to_string(), |value| format!("{value:.2}"));
+    type Figure = fn(&market::PolicyReport) -> Option<f64>;
+    let rows: [(&str, Figure); 12] = [
+        ("utilisation %", |policy| Some(policy.utilization_pct)),
+        ("fill rate of offered windows %", |policy| Some(policy.fill_rate_pct)),
+        ("wait p95 gold (s)", |policy| policy.wait_p95_s.gold),
+        ("wait p95 silver (s)", |policy| policy.wait_p95_s.silver),
+        ("wait p95 bronze (s)", |policy| policy.wait_p95_s.bronze),
+        ("preemptions per bronze GPU-hour", |policy| {
+            Some(policy.preemptions_per_bronze_gpu_hour)
+        }),
+        ("goodput of gangs %", |policy| policy.goodput_pct),
+        ("tenants' $/GPU-hour", |policy| policy.tenant_usd_per_gpu_hour),
+        ("tenants' $/useful H100-hour", |policy| {
+            policy.tenant_usd_per_useful_h100_hour
+        }),
+        ("bronze discount vs on-demand %", |policy| {
+            policy.bronze_discount_vs_on_demand_pct
+        }),
+        ("providers' $/offered GPU-hour", |policy| {
+            Some(policy.provider_usd_per_offered_gpu_hour)
+        }),
+        ("matcher µs per event", |policy| policy.matcher_us_per_event),
+    ];
+    for (label, value) in rows {
+        print!("{label:<40}");
+        for name in &names {
+            print!("{:>13}", show(value(&report.policies[name])));
+        }
+        println!();
+    }
+    for (name, policy) in &report.policies {
+        if let Some(gang) = &policy.big_gang {
+            println!(
+                "{name}: big gang of {} GPUs: goodput {} %, {} node failures, {} repairs, {} restarts",
+                gang.gpus,
+                show(gang.goodput_pct),
+                gang.node_failures,
+                gang.repairs,
+                gang.restarts
+            );
+        }
+        let invariants = &policy.invariants;
+        if !invariants.consistency_failures.is_empty() || !invariants.ledger_balanced || !invariants.work_accounted {
+            println!("{name}: INVARIANTS BROKEN: {invariants:?}");
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 //! selection → a [`Placement`] that [`Matcher::commit`] verifies against the current state.
 
 mod check;
+mod clock;
 mod explain;
 mod fit;
 mod index;

@@ -68,7 +68,7 @@ pub enum TraceError {
 }
 
 /// Reads a whole file, decompressing it when its name ends in `.xz`.
-fn read_text(path: &Path) -> Result<Vec<u8>, TraceError> {
+pub(crate) fn read_text(path: &Path) -> Result<Vec<u8>, TraceError> {
     let raw = std::fs::read(path).map_err(|source| TraceError::Io {
         path: path.to_path_buf(),
         source,

@@ -1,0 +1,46 @@
+//! Moving the clock for a caller that knows which nodes' windows or price rules change: a
+//! simulator that computed every boundary in advance looks at those nodes only, instead of
+//! every windowed and priced node each minute.
+
+use model::Timestamp;
+
+use crate::state::Matcher;
+
+impl Matcher {
+    /// Like [`Matcher::advance_clock`], but looks only at `changed`: the nodes with a window or
+    /// price-rule boundary since the last minute the matcher saw (each listed node is brought
+    /// up to `now`, even if the clock is already at `now`'s minute). Every other node's cached
+    /// availability and price multiplier must still hold, which is true when all their windows
+    /// are weekly and no boundary of theirs passed. Call [`Matcher::advance_clock`] once first,
+    /// and whenever in doubt.
+    pub fn advance_clock_for(&mut self, now: Timestamp, changed: &[u32]) {
+        let minute = now.div_euclid(60);
+        self.clock_minute = Some(minute);
+        let minute_start = minute * 60;
+        for &node in changed {
+            let node = node as usize;
+            if node >= self.nodes.len() {
+                continue;
+            }
+            if self.statics[node].has_price_rules {
+                self.loads[node].price_multiplier_permille =
+                    self.nodes[node].policy.multiplier_at(minute_start).unwrap_or(0);
+            }
+            if self.statics[node].always_available {
+                continue;
+            }
+            let policy = &self.nodes[node].policy;
+            let open_until = policy.available_until(minute_start);
+            let closed = if self.statics[node].weekly_windows_only {
+                open_until.is_none()
+            } else {
+                policy.available_until(now).is_none()
+            };
+            self.loads[node].open_until = open_until;
+            if closed != self.loads[node].closed {
+                self.loads[node].closed = closed;
+                self.refresh_levels(node);
+            }
+        }
+    }
+}

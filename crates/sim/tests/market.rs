@@ -1,0 +1,220 @@
+//! The market simulator on small fleets: same seed same trace, every policy's invariants after
+//! every event, gang repair against restarting the whole gang, the JSON contract, and (with
+//! ../shared/traces beside the checkout) a node list and a pod replay from the openb trace.
+
+use std::path::{Path, PathBuf};
+
+use sim::market::{self, DemandSource, FleetSource, MarketConfig, MarketReport, NoStopwatch, PolicyName, Scenario};
+
+/// 2,000 GPUs for a day, on round prices (no trace needed).
+fn small(seed: u64) -> MarketConfig {
+    let mut config = MarketConfig::new(2_000, 1, seed, synth::sample_prices());
+    config.check_every_s = 3600;
+    config
+}
+
+fn run(config: &MarketConfig) -> MarketReport {
+    market::run_market(config, &NoStopwatch).expect("the run builds its world")
+}
+
+#[test]
+fn a_seed_run_twice_gives_the_same_trace() {
+    let first = run(&small(7));
+    let second = run(&small(7));
+    assert_eq!(first.trace_hash, second.trace_hash);
+    assert_eq!(first, second, "the whole report, not only the hash");
+    let other = run(&small(8));
+    assert_ne!(first.trace_hash, other.trace_hash, "another seed, another trace");
+    // Threads change nothing.
+    let mut threaded = small(7);
+    threaded.threads = 2;
+    assert_eq!(run(&threaded), first);
+}
+
+#[test]
+fn every_policy_keeps_its_invariants_after_every_event() {
+    // A smaller fleet than the others: the matcher's O(n) check runs after each of its events.
+    let mut config = MarketConfig::new(600, 1, 3, synth::sample_prices());
+    config.check_every_s = 0;
+    let report = run(&config);
+    assert_eq!(report.policies.len(), 4);
+    for (name, policy) in &report.policies {
+        let invariants = &policy.invariants;
+        assert!(invariants.consistency_failures.is_empty(), "{name}: {invariants:?}");
+        assert!(invariants.ledger_balanced, "{name}: {invariants:?}");
+        assert!(invariants.work_accounted, "{name}: {invariants:?}");
+        assert!(
+            invariants.consistency_checks >= policy.events,
+            "{name}: {} checks for {} events",
+            invariants.consistency_checks,
+            policy.events
+        );
+        let money = &policy.money;
+        assert!(
+            (money.tenants_paid_usd - money.providers_earned_usd - money.platform_fees_usd).abs() < 0.01,
+            "{name}: {money:?}"
+        );
+        // The platform's fee is a tenth of what tenants paid (rounded down per charge).
+        assert!(
+            (money.platform_fees_usd - money.tenants_paid_usd / 10.0).abs() < 0.001 * money.charges as f64 + 0.01,
+            "{name}: {money:?}"
+        );
+        assert!(policy.jobs.started.gold + policy.jobs.started.silver + policy.jobs.started.bronze > 0);
+    }
+    let fallow = &report.policies["fallow"];
+    assert!(
+        fallow.preempted_leases.bronze > 0,
+        "gold and silver preempted some bronze"
+    );
+    assert_eq!(fallow.preempted_leases.gold + fallow.preempted_leases.silver, 0);
+    for baseline in ["fifo", "pay-as-bid"] {
+        let preempted = &report.policies[baseline].preempted_leases;
+        assert_eq!(
+            preempted.gold + preempted.silver + preempted.bronze,
+            0,
+            "{baseline} never preempts"
+        );
+    }
+}
+
+#[test]
+fn gang_repair_beats_restarting_the_whole_gang() {
+    let mut config = MarketConfig::new(2_000, 3, 5, synth::sample_prices());
+    config.scenario = Scenario::BigTraining;
+    config.gang_gpus = 8_192;
+    config.policies = vec![PolicyName::Fallow, PolicyName::NoRepair];
+    let report = run(&config);
+    let repaired = report.policies["fallow"]
+        .big_gang
+        .clone()
+        .expect("the scenario has a gang");
+    let restarted = report.policies["no-repair"]
+        .big_gang
+        .clone()
+        .expect("the scenario has a gang");
+    assert!(repaired.node_failures >= 3, "too few failures to compare: {repaired:?}");
+    assert_eq!(
+        repaired.node_failures, restarted.node_failures,
+        "the same failures hit both"
+    );
+    assert!(repaired.repairs > 0 && repaired.restarts == 0, "{repaired:?}");
+    assert_eq!(restarted.repairs, 0);
+    assert!(restarted.restarts > 0, "{restarted:?}");
+    let (with_repair, without) = (repaired.goodput_pct.unwrap(), restarted.goodput_pct.unwrap());
+    assert!(with_repair >= 95.0, "goodput with repair {with_repair}");
+    assert!(
+        with_repair > without + 1.0,
+        "repair {with_repair} is not clearly above restart {without}"
+    );
+    for policy in report.policies.values() {
+        assert!(policy.invariants.work_accounted && policy.invariants.ledger_balanced);
+    }
+}
+
+/// The fields `--json` promises, per policy.
+const POLICY_FIELDS: [&str; 12] = [
+    "utilization_pct",
+    "fill_rate_pct",
+    "wait_p50_s",
+    "wait_p95_s",
+    "wait_p99_s",
+    "preemptions_per_bronze_gpu_hour",
+    "goodput_pct",
+    "tenant_usd_per_gpu_hour",
+    "bronze_discount_vs_on_demand_pct",
+    "provider_usd_per_offered_gpu_hour",
+    "fragmentation_pct",
+    "matcher_us_per_event",
+];
+
+#[test]
+fn json_field_names_are_the_contract() {
+    let report = run(&small(2));
+    let value = serde_json::to_value(&report).expect("the report serialises");
+    for key in ["seed", "trace_hash", "policies", "scenario", "days", "fleet", "demand"] {
+        assert!(value.get(key).is_some(), "top-level field {key} is missing");
+    }
+    assert_eq!(value["seed"], 2);
+    assert!(value["trace_hash"].as_str().is_some_and(|hash| hash.len() == 16));
+    let policies = value["policies"].as_object().expect("policies is an object");
+    let names: Vec<&str> = policies.keys().map(String::as_str).collect();
+    assert_eq!(names, ["fallow", "fifo", "no-repair", "pay-as-bid"]);
+    for (name, policy) in policies {
+        for field in POLICY_FIELDS {
+            assert!(policy.get(field).is_some(), "{name}: {field} is missing");
+        }
+        for field in [
+            "wait_p50_s",
+            "wait_p95_s",
+            "wait_p99_s",
+            "unserved_pct",
+            "tenant_usd_per_gpu_hour_by_tier",
+        ] {
+            let tiers: Vec<&str> = policy[field]
+                .as_object()
+                .unwrap_or_else(|| panic!("{name}: {field} is not an object"))
+                .keys()
+                .map(String::as_str)
+                .collect();
+            assert_eq!(tiers, ["bronze", "gold", "silver"], "{name}: {field}");
+        }
+        assert!(policy["utilization_pct"].is_number() && policy["fill_rate_pct"].is_number());
+        // Not measured without a stopwatch: null, not zero.
+        assert!(policy["matcher_us_per_event"].is_null());
+        assert!(
+            policy.get("samples").is_none(),
+            "the charts' samples stay out of the JSON"
+        );
+    }
+}
+
+fn traces() -> Option<PathBuf> {
+    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces");
+    if folder.join("openb/openb_pod_list_default.csv").exists() {
+        return Some(folder);
+    }
+    assert!(
+        std::env::var("FALLOW_CI_REQUIRE_SERVICES").as_deref() != Ok("1"),
+        "{} is absent, and FALLOW_CI_REQUIRE_SERVICES=1 requires the trace-based tests",
+        folder.display()
+    );
+    eprintln!(
+        "SKIPPED: {} is absent, so the market was not run on the openb node list and pod replay",
+        folder.display()
+    );
+    None
+}
+
+#[test]
+fn openb_node_list_and_pod_replay_on_real_prices() {
+    let Some(folder) = traces() else { return };
+    let prices = synth::market_prices(&folder).expect("the price trace parses");
+    let mut config = MarketConfig::new(0, 1, 1, prices);
+    config.fleet = FleetSource::NodeList(folder.join("openb/openb_node_list_gpu_node.csv"));
+    config.demand = DemandSource::Replay {
+        path: folder.join("openb/openb_pod_list_default.csv"),
+        // The recorded pods span 12.9 M seconds (about 150 days): all of them within the day.
+        compress: 150.0,
+    };
+    config.policies = vec![PolicyName::Fallow, PolicyName::Fifo];
+    let report = run(&config);
+    assert_eq!(report.fleet.nodes, 1_213, "the GPU nodes of the openb list");
+    assert_eq!(report.fleet.gpus, 6_212);
+    for (name, policy) in &report.policies {
+        let submitted = policy.jobs.submitted.gold + policy.jobs.submitted.silver + policy.jobs.submitted.bronze;
+        assert!(submitted > 5_000, "{name}: {submitted} pods arrived");
+        assert!(policy.invariants.consistency_failures.is_empty(), "{name}");
+        assert!(
+            policy.invariants.ledger_balanced && policy.invariants.work_accounted,
+            "{name}"
+        );
+    }
+    // The Philly and PAI machine lists read too.
+    for file in [
+        "philly/cluster_machine_list.csv",
+        "alibaba-pai-2020/pai_machine_spec.csv",
+    ] {
+        let listed = market::fleet::read_node_list(&folder.join(file)).expect(file);
+        assert!(listed.len() > 400, "{file}: {} machines", listed.len());
+    }
+}
