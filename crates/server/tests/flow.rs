@@ -475,8 +475,10 @@ async fn gold_preempts_bronze_after_the_grace_period() {
                     lease["preempt_at_us"].as_i64()
                 })
                 .await;
+            // The deciding pass takes its clock when it starts, which may be a little before
+            // the submission it then reads lands (a pass every 200 ms at most).
             assert!(
-                told >= submitted + 2_000_000 && told <= server::now_us() + 2_000_000,
+                told >= submitted + 2_000_000 - 200_000 && told <= server::now_us() + 2_000_000,
                 "{}: the stop comes one grace period after the decision ({} µs after the submission)",
                 h.backend,
                 told - submitted
