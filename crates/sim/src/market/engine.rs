@@ -270,7 +270,16 @@ struct JobRun {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
-    Complete { job: u64, generation: u32 },
+    Complete {
+        job: u64,
+        generation: u32,
+    },
+    /// A preempted victim's grace period ends: its GPUs pass to the job that preempted it
+    /// (the billing of both already says so; the event marks it in the trace).
+    GraceEnd {
+        job: u64,
+        victims: u32,
+    },
 }
 
 /// One policy's simulation state.
@@ -428,8 +437,8 @@ impl<'w> PolicySim<'w> {
         (self.tally, self.hash.0)
     }
 
-    /// The earliest thing to do, ties in a fixed order: node events, ticks, completions,
-    /// give-ups, arrivals, a pass, a sample, a check.
+    /// The earliest thing to do, ties in a fixed order: node events, ticks, completions and
+    /// grace ends, give-ups, arrivals, a pass, a sample, a check.
     fn next_source(&self) -> (Timestamp, u8) {
         let world = self.world;
         let candidates = [
@@ -587,8 +596,10 @@ impl<'w> PolicySim<'w> {
 
     fn heap_event(&mut self) {
         let Reverse((_, _, event)) = self.heap.pop().expect("chosen because it is there");
-        let Event::Complete { job, generation } = event;
-        self.complete(job, generation);
+        match event {
+            Event::Complete { job, generation } => self.complete(job, generation),
+            Event::GraceEnd { job, victims } => self.hash.add(&[self.now, 13, job as i64, i64::from(victims)]),
+        }
     }
 
     // ---- jobs ----
@@ -1044,6 +1055,16 @@ impl<'w> PolicySim<'w> {
     }
 
     fn victims(&mut self, plan: &PreemptionPlan) {
+        if !plan.victims.is_empty() {
+            let grace = i64::from(self.matcher.config().preemption_grace_s);
+            self.push(
+                self.now + grace,
+                Event::GraceEnd {
+                    job: plan.placement.job.0,
+                    victims: plan.victims.len() as u32,
+                },
+            );
+        }
         let mut lost = Vec::with_capacity(plan.victims.len());
         for victim in &plan.victims {
             if let Some(run) = self.jobs.get(&victim.job.0)
