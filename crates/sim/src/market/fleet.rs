@@ -35,6 +35,10 @@ pub const NODES_PER_RACK: u32 = 9;
 pub const CONSUMER_PRICE_PERMILLE: [(&str, u64); 2] = [("RTX-4090", 250), ("RTX-3090", 150)];
 /// Models missing from the price trace are priced from this one by compute units (as synth prices the L40).
 pub const PRICED_BY_COMPUTE_FROM: &str = "A100-PCIe-80GB";
+/// Gold asks are the silver ask × this; peak-priced providers ask this share of their base on
+/// weekdays 09:00–17:00 local (both as synth's fleets do).
+pub const GOLD_ASK_PERMILLE: u64 = 1200;
+pub const PEAK_MULTIPLIER_PERMILLE: u32 = 1200;
 /// GB200 is priced from the B200 by compute units.
 pub const GB200_PRICED_FROM: &str = "B200";
 
@@ -290,13 +294,9 @@ fn peak_rules(region: RegionId) -> Vec<PriceRule> {
             days,
             start_minute,
             end_minute,
-            multiplier_permille: synth_peak_permille(),
+            multiplier_permille: PEAK_MULTIPLIER_PERMILLE,
         })
         .collect()
-}
-
-fn synth_peak_permille() -> u32 {
-    1200
 }
 
 /// A provider's draws for its kind, applied to each of its nodes.
@@ -329,7 +329,7 @@ fn policy(
     let silver = reference.scale(drawn.silver_permille, 1000).expect("no overflow");
     ProviderPolicy {
         asks: [
-            Some(silver.scale(synth_gold_permille(), 1000).expect("no overflow")),
+            Some(silver.scale(GOLD_ASK_PERMILLE, 1000).expect("no overflow")),
             Some(silver),
             Some(silver.scale(drawn.bronze_permille, 1000).expect("no overflow")),
         ],
@@ -341,10 +341,6 @@ fn policy(
         windows: windows_for(kind, region),
         ..base.clone()
     }
-}
-
-fn synth_gold_permille() -> u64 {
-    1200
 }
 
 /// What to build.

@@ -428,3 +428,65 @@ pub fn run_market(config: &MarketConfig, stopwatch: &dyn Stopwatch) -> Result<Ma
         .collect();
     Ok(report::build(config, &world, outcomes))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use matcher::{Matcher, MatcherConfig};
+    use model::GpuDemand;
+
+    /// Moving the matcher's clock node by node from the ticks places every probe job exactly
+    /// where moving it over the whole fleet does.
+    #[test]
+    fn the_clock_moved_by_ticks_matches_the_clock_moved_over_every_node() {
+        let config = MarketConfig::new(2_000, 7, 1, synth::sample_prices());
+        let world = World::build(&config).expect("a world");
+        assert!(world.ticks_complete);
+        let fleet = &world.fleet;
+        let build = || Matcher::new(fleet.topology.clone(), fleet.nodes.clone(), MatcherConfig::default());
+        let (mut whole, mut by_ticks) = (build(), build());
+        whole.advance_clock(world.start);
+        by_ticks.advance_clock(world.start);
+        let probes: Vec<JobSpec> = [
+            (Tier::Silver, 1, 3600),
+            (Tier::Bronze, 1, 3600),
+            (Tier::Gold, 8, 20 * 3600),
+            (Tier::Silver, 2, 9 * 3600),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(index, (tier, gpus, runtime))| {
+            let mut job = JobSpec::new(
+                JobId(index as u64 + 1),
+                tier,
+                GpuDemand::Whole { count: gpus },
+                workload::UNCAPPED,
+            );
+            job.max_runtime_s = runtime;
+            job
+        })
+        .collect();
+        let mut cursor = 0;
+        let mut now = world.start + 17;
+        let mut compared = 0;
+        while now < world.end {
+            whole.advance_clock(now);
+            let mut changed = Vec::new();
+            while let Some(tick) = world.ticks.get(cursor)
+                && tick.at.div_euclid(60) <= now.div_euclid(60)
+            {
+                changed.extend_from_slice(&tick.closed);
+                changed.extend_from_slice(&tick.opened);
+                changed.extend_from_slice(&tick.repriced);
+                cursor += 1;
+            }
+            by_ticks.advance_clock_for(now, &changed);
+            for probe in &probes {
+                assert_eq!(whole.plan(probe, now), by_ticks.plan(probe, now), "at {now}");
+                compared += 1;
+            }
+            now += 7 * 60;
+        }
+        assert!(compared > 5_000);
+    }
+}
