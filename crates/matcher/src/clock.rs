@@ -29,18 +29,7 @@ impl Matcher {
             if self.statics[node].always_available {
                 continue;
             }
-            let policy = &self.nodes[node].policy;
-            let open_until = policy.available_until(minute_start);
-            let closed = if self.statics[node].weekly_windows_only {
-                open_until.is_none()
-            } else {
-                policy.available_until(now).is_none()
-            };
-            self.loads[node].open_until = open_until;
-            if closed != self.loads[node].closed {
-                self.loads[node].closed = closed;
-                self.refresh_levels(node);
-            }
+            self.reopen(node, minute_start, now);
         }
     }
 }

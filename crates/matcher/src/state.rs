@@ -445,18 +445,7 @@ impl Matcher {
         }
         for position in 0..self.windowed.len() {
             let node = self.windowed[position] as usize;
-            let policy = &self.nodes[node].policy;
-            let open_until = policy.available_until(minute_start);
-            let closed = if self.statics[node].weekly_windows_only {
-                open_until.is_none()
-            } else {
-                policy.available_until(now).is_none()
-            };
-            self.loads[node].open_until = open_until;
-            if closed != self.loads[node].closed {
-                self.loads[node].closed = closed;
-                self.refresh_levels(node);
-            }
+            self.reopen(node, minute_start, now);
         }
     }
 
@@ -653,6 +642,23 @@ impl Matcher {
     /// Whether a node is cordoned (see `set_node_cordoned`).
     pub fn node_cordoned(&self, node: NodeId) -> bool {
         self.loads[node.index()].cordoned
+    }
+
+    /// A windowed node's availability at the minute starting `minute_start` (and at `now`, when
+    /// its windows are not all weekly): how long it stays open, and whether it is closed.
+    pub(crate) fn reopen(&mut self, node: usize, minute_start: Timestamp, now: Timestamp) {
+        let policy = &self.nodes[node].policy;
+        let open_until = policy.available_until(minute_start);
+        let closed = if self.statics[node].weekly_windows_only {
+            open_until.is_none()
+        } else {
+            policy.available_until(now).is_none()
+        };
+        self.loads[node].open_until = open_until;
+        if closed != self.loads[node].closed {
+            self.loads[node].closed = closed;
+            self.refresh_levels(node);
+        }
     }
 
     /// Recomputes a node's capacity levels and moves it between index sets if they changed.
