@@ -35,6 +35,16 @@ pub struct MarketArgs {
     /// fallow, fifo, pay-as-bid, no-repair (comma-separated), or all.
     #[arg(long, default_value = "all", value_parser = parse_market_policies)]
     policies: MarketPolicies,
+    /// How sellers bid in the pay-as-bid market: `shaded` (up to the best losing offer, the
+    /// equilibrium of a pay-as-bid auction) or `truthful` (their true asks, its most
+    /// tenant-friendly case).
+    #[arg(long, default_value = "shaded", value_parser = parse_bidding)]
+    pay_as_bid_bids: market::Bidding,
+    /// Providers ask this much more for gold than for silver, in per cent (default 0: a gold
+    /// lease costs a provider what a silver one does, and under the (k+1)-price auction its
+    /// best ask is its cost).
+    #[arg(long, default_value_t = 0.0)]
+    gold_ask_premium_pct: f64,
     /// A node list instead of the synthetic fleet (openb, Philly or PAI form), e.g.
     /// ../shared/traces/openb/openb_node_list_gpu_node.csv.
     #[arg(long)]
@@ -80,6 +90,10 @@ struct MarketPolicies(Vec<market::PolicyName>);
 
 fn parse_market_policies(text: &str) -> Result<MarketPolicies, String> {
     market::PolicyName::parse_list(text).map(MarketPolicies)
+}
+
+fn parse_bidding(text: &str) -> Result<market::Bidding, String> {
+    market::Bidding::parse(text).ok_or_else(|| format!("`{text}` is not a way to bid: use shaded or truthful"))
 }
 
 fn parse_scenario(text: &str) -> Result<Scenario, String> {
@@ -179,6 +193,14 @@ fn run_market(args: MarketArgs) -> anyhow::Result<()> {
     };
     let mut config = MarketConfig::new(args.gpus, args.days, args.seed, prices);
     config.scenario = args.scenario;
+    config.pay_as_bid_bidding = args.pay_as_bid_bids;
+    if !(args.gold_ask_premium_pct.is_finite() && (0.0..=1000.0).contains(&args.gold_ask_premium_pct)) {
+        bail!(
+            "--gold-ask-premium-pct must be between 0 and 1000, not {}",
+            args.gold_ask_premium_pct
+        );
+    }
+    config.gold_ask_premium_permille = (args.gold_ask_premium_pct * 10.0).round() as u32;
     config.policies = args.policies.0;
     config.fleet = match args.nodes {
         Some(path) => FleetSource::NodeList(path),
@@ -228,8 +250,15 @@ fn write_report(directory: &Path, report: &MarketReport) -> anyhow::Result<()> {
 
 fn print_market(report: &MarketReport, wall_s: f64, threads: usize) {
     println!(
-        "{} scenario, seed {}, {} days, {} GPUs ({}); trace hash {}; {wall_s:.1} s on {threads} threads",
-        report.scenario, report.seed, report.days, report.fleet.gpus, report.fleet.source, report.trace_hash
+        "{} scenario, seed {}, {} days, {} GPUs ({}); gold asks +{} %; pay-as-bid sellers bid {}; trace hash {}; {wall_s:.1} s on {threads} threads",
+        report.scenario,
+        report.seed,
+        report.days,
+        report.fleet.gpus,
+        report.fleet.source,
+        report.gold_ask_premium_pct,
+        report.pay_as_bid_bids,
+        report.trace_hash
     );
     let names: Vec<&str> = report.policies.keys().copied().collect();
     print!("{:<40}", "");

@@ -111,6 +111,79 @@ fn gang_repair_beats_restarting_the_whole_gang() {
     }
 }
 
+/// Sellers who shade their bids in the pay-as-bid market win the same work (the lowest true ask
+/// per unit of compute still wins) and are paid at least their true asks, more wherever the best
+/// losing offer was dearer.
+#[test]
+fn shaded_pay_as_bid_bids_sell_the_same_work_for_more() {
+    let mut truthful = small(4);
+    truthful.policies = vec![PolicyName::PayAsBid];
+    truthful.pay_as_bid_bidding = market::Bidding::Truthful;
+    let mut shaded = truthful.clone();
+    shaded.pay_as_bid_bidding = market::Bidding::Shaded;
+    let (truthful, shaded) = (run(&truthful), run(&shaded));
+    assert_eq!(
+        (truthful.pay_as_bid_bids, shaded.pay_as_bid_bids),
+        ("truthful", "shaded")
+    );
+    let (truthful, shaded) = (&truthful.policies["pay-as-bid"], &shaded.policies["pay-as-bid"]);
+    assert_eq!(truthful.jobs, shaded.jobs, "the same jobs start, finish and give up");
+    assert_eq!(truthful.utilization_pct, shaded.utilization_pct);
+    let (paid_truthful, paid_shaded) = (truthful.money.tenants_paid_usd, shaded.money.tenants_paid_usd);
+    assert!(paid_truthful > 0.0);
+    assert!(
+        paid_shaded > paid_truthful * 1.001,
+        "shaded bids paid {paid_shaded}, truthful {paid_truthful}"
+    );
+    assert_eq!(
+        truthful.clearing_premium_pct,
+        Some(0.0),
+        "truthful winners are paid their asks"
+    );
+    assert!(shaded.clearing_premium_pct.is_some_and(|premium| premium > 0.0));
+    assert!(shaded.invariants.ledger_balanced && shaded.invariants.work_accounted);
+}
+
+/// Providers ask for gold what they ask for silver unless told otherwise; a premium on gold
+/// asks reaches gold tenants' bills in Fallow's market and nowhere else (the baselines have no
+/// gold tier: they sell gold jobs firm leases at silver asks).
+#[test]
+fn a_gold_ask_premium_is_paid_by_gold_tenants_only() {
+    let mut plain = small(6);
+    plain.policies = vec![PolicyName::Fallow, PolicyName::PayAsBid];
+    let world = market::World::build(&plain).expect("a world");
+    let firm: Vec<_> = world
+        .fleet
+        .nodes
+        .iter()
+        .filter(|node| node.policy.asks[0].is_some())
+        .collect();
+    assert!(!firm.is_empty());
+    assert!(firm.iter().all(|node| node.policy.asks[0] == node.policy.asks[1]));
+    let mut premium = plain.clone();
+    premium.gold_ask_premium_permille = 500;
+    let world = market::World::build(&premium).expect("a world");
+    assert!(world.fleet.nodes.iter().all(|node| match node.policy.asks {
+        [Some(gold), Some(silver), _] => gold == silver.scale(1500, 1000).unwrap(),
+        [gold, _, _] => gold.is_none(),
+    }));
+    let (plain, premium) = (run(&plain), run(&premium));
+    assert_eq!((plain.gold_ask_premium_pct, premium.gold_ask_premium_pct), (0.0, 50.0));
+    let gold = |report: &MarketReport, policy: &str| {
+        report.policies[policy]
+            .tenant_usd_per_gpu_hour_by_tier
+            .gold
+            .expect("gold work ran")
+    };
+    assert!(
+        gold(&premium, "fallow") > gold(&plain, "fallow") * 1.2,
+        "fallow's gold: {} with the premium, {} without",
+        gold(&premium, "fallow"),
+        gold(&plain, "fallow")
+    );
+    assert_eq!(gold(&premium, "pay-as-bid"), gold(&plain, "pay-as-bid"));
+}
+
 /// The fields `--json` promises, per policy.
 const POLICY_FIELDS: [&str; 12] = [
     "utilization_pct",
@@ -131,10 +204,23 @@ const POLICY_FIELDS: [&str; 12] = [
 fn json_field_names_are_the_contract() {
     let report = run(&small(2));
     let value = serde_json::to_value(&report).expect("the report serialises");
-    for key in ["seed", "trace_hash", "policies", "scenario", "days", "fleet", "demand"] {
+    for key in [
+        "seed",
+        "trace_hash",
+        "policies",
+        "scenario",
+        "days",
+        "pay_as_bid_bids",
+        "fleet",
+        "demand",
+    ] {
         assert!(value.get(key).is_some(), "top-level field {key} is missing");
     }
     assert_eq!(value["seed"], 2);
+    assert_eq!(
+        value["pay_as_bid_bids"], "shaded",
+        "the default is the pay-as-bid equilibrium"
+    );
     assert!(value["trace_hash"].as_str().is_some_and(|hash| hash.len() == 16));
     let policies = value["policies"].as_object().expect("policies is an object");
     let names: Vec<&str> = policies.keys().map(String::as_str).collect();

@@ -345,7 +345,7 @@ impl<'w> PolicySim<'w> {
         PolicySim {
             world,
             policy,
-            rules: policy.rules(),
+            rules: policy.rules(world.pay_as_bid_bidding),
             stopwatch,
             matcher,
             admission,
@@ -849,6 +849,7 @@ impl<'w> PolicySim<'w> {
         let price = match self.rules.pricing {
             Pricing::Auction => lease.price,
             Pricing::OwnAsk => ask,
+            Pricing::ShadedAsk => ask.max(lease.price),
         };
         let milli = u64::from(lease.gpu_milli_total());
         self.hash.add(&[i64::from(lease.node.0), price.0]);

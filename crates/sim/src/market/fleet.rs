@@ -35,9 +35,8 @@ pub const NODES_PER_RACK: u32 = 9;
 pub const CONSUMER_PRICE_PERMILLE: [(&str, u64); 2] = [("RTX-4090", 250), ("RTX-3090", 150)];
 /// Models missing from the price trace are priced from this one by compute units (as synth prices the L40).
 pub const PRICED_BY_COMPUTE_FROM: &str = "A100-PCIe-80GB";
-/// Gold asks are the silver ask × this; peak-priced providers ask this share of their base on
-/// weekdays 09:00–17:00 local (both as synth's fleets do).
-pub const GOLD_ASK_PERMILLE: u64 = 1200;
+/// Peak-priced providers ask this share of their base on weekdays 09:00–17:00 local (as synth's
+/// fleets do).
 pub const PEAK_MULTIPLIER_PERMILLE: u32 = 1200;
 /// GB200 is priced from the B200 by compute units.
 pub const GB200_PRICED_FROM: &str = "B200";
@@ -317,8 +316,11 @@ fn draw(kind: ProviderKind, rng: &mut ChaCha8Rng) -> Drawn {
     }
 }
 
-/// A node's policy: asks from the on-demand reference (gold 1.2× silver), hours by kind, the
-/// tiers and classes given.
+/// A node's policy: asks from the on-demand reference, hours by kind, the tiers and classes
+/// given. The gold ask is the silver ask: both are firm leases that cost the provider the same
+/// (a gold SLA breach is credited from the platform's SLA pot, not by the provider), and under
+/// the (k+1)-price auction a provider's best ask is its cost. A premium on gold asks is
+/// [`set_gold_ask_premium`]'s.
 fn policy(
     kind: ProviderKind,
     region: RegionId,
@@ -329,7 +331,7 @@ fn policy(
     let silver = reference.scale(drawn.silver_permille, 1000).expect("no overflow");
     ProviderPolicy {
         asks: [
-            Some(silver.scale(GOLD_ASK_PERMILLE, 1000).expect("no overflow")),
+            Some(silver),
             Some(silver),
             Some(silver.scale(drawn.bronze_permille, 1000).expect("no overflow")),
         ],
@@ -340,6 +342,19 @@ fn policy(
         },
         windows: windows_for(kind, region),
         ..base.clone()
+    }
+}
+
+/// Sets every gold ask to the node's silver ask plus `premium_permille` of it (providers who
+/// charge more for the gold tier than it costs them); nodes that do not sell gold keep no ask.
+pub fn set_gold_ask_premium(fleet: &mut MarketFleet, premium_permille: u32) {
+    for node in &mut fleet.nodes {
+        let [gold, silver, _] = &mut node.policy.asks;
+        if let (Some(gold), Some(silver)) = (gold.as_mut(), silver.as_ref()) {
+            *gold = silver
+                .scale(1000 + u64::from(premium_permille), 1000)
+                .expect("no overflow");
+        }
     }
 }
 

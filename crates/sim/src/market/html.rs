@@ -451,7 +451,7 @@ pub fn render(report: &MarketReport, start: i64) -> Vec<(String, String)> {
          td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f3f3f3}}\
          td:first-child,th:first-child{{text-align:left}}img{{display:block;margin:12px 0}}</style></head><body>\n\
          <h1>Market simulation</h1>\n<p>Scenario <b>{scenario}</b>, seed {seed}, {days} days, {gpus} GPUs on {nodes} \
-         nodes ({source}); demand: {demand}. Trace hash <code>{hash}</code>.</p>\n",
+         nodes ({source}); demand: {demand}; gold asks {gold} % over silver; pay-as-bid sellers bid {bids}. Trace hash <code>{hash}</code>.</p>\n",
         seed = report.seed,
         scenario = escape(report.scenario),
         days = report.days,
@@ -459,6 +459,8 @@ pub fn render(report: &MarketReport, start: i64) -> Vec<(String, String)> {
         nodes = report.fleet.nodes,
         source = escape(&report.fleet.source),
         demand = escape(&report.demand.source),
+        bids = report.pay_as_bid_bids,
+        gold = report.gold_ask_premium_pct,
         hash = report.trace_hash,
     );
     page.push_str("<table><tr><th>figure</th>");

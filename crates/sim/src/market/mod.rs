@@ -21,7 +21,7 @@ use model::{GpuDemand, JobId, JobSpec, Micros, Tier, Timestamp, TopologyLevel, W
 
 pub use engine::{Sample, Tally, WorkTally};
 pub use fleet::{FleetError, FleetPlan, MarketFleet, ProviderKind};
-pub use policy::PolicyName;
+pub use policy::{Bidding, PolicyName};
 pub use report::{MarketReport, PolicyReport, TierFigures};
 pub use workload::{Demand, JobKind, ReplayPod, SimJob};
 
@@ -100,6 +100,10 @@ pub struct MarketConfig {
     /// Market prices per GPU-hour by catalog name (`synth::market_prices`, or `synth::sample_prices` in tests).
     pub prices: BTreeMap<String, Micros>,
     pub policies: Vec<PolicyName>,
+    /// How sellers bid in the pay-as-bid market.
+    pub pay_as_bid_bidding: Bidding,
+    /// Providers' gold asks over their silver asks (per mille; 0: the same, their cost).
+    pub gold_ask_premium_permille: u32,
     /// Synthetic demand in GPU-seconds as a share (per mille) of what the market offers.
     pub load_permille: u32,
     /// The big-training gang: its GPUs and checkpoint interval.
@@ -126,6 +130,8 @@ impl MarketConfig {
             demand: DemandSource::Synthetic,
             prices,
             policies: PolicyName::ALL.to_vec(),
+            pay_as_bid_bidding: Bidding::Shaded,
+            gold_ask_premium_permille: 0,
             load_permille: 900,
             gang_gpus: 100_000,
             gang_checkpoint_interval_s: 1800,
@@ -175,6 +181,7 @@ pub struct World {
     pub big_gang: Option<SimJob>,
     pub check_every_s: Timestamp,
     pub sample_every_s: Timestamp,
+    pub pay_as_bid_bidding: Bidding,
 }
 
 impl World {
@@ -192,7 +199,7 @@ impl World {
                 "the gang's GPUs must be a positive multiple of 8 (8-GPU replicas), not {gang_gpus}"
             )));
         }
-        let fleet = match &config.fleet {
+        let mut fleet = match &config.fleet {
             FleetSource::Synthetic => fleet::synthetic(&FleetPlan {
                 gpus: config.gpus,
                 seed: config.seed,
@@ -209,6 +216,9 @@ impl World {
                 fleet::from_node_list(&listed, config.seed, &config.prices, &path.display().to_string())?
             }
         };
+        if config.gold_ask_premium_permille > 0 {
+            fleet::set_gold_ask_premium(&mut fleet, config.gold_ask_premium_permille);
+        }
         let node_events = failures::node_events(&fleet, config.seed, start, end);
         let (ticks, open_at_start) = ticks(&fleet, start, end);
         let ticks_complete = fleet.nodes.iter().all(|node| {
@@ -263,6 +273,7 @@ impl World {
             big_gang,
             check_every_s: config.check_every_s,
             sample_every_s: config.sample_every_s.max(60),
+            pay_as_bid_bidding: config.pay_as_bid_bidding,
         })
     }
 

@@ -7,9 +7,11 @@
 //! - `no-repair`: the same, except that a gang that loses a node is released whole and placed
 //!   again (restart the whole gang).
 //! - `pay-as-bid`: a market as Akash clears: every job a firm lease (no tiers, no preemption, so
-//!   a provider's window must cover the whole runtime), the lowest ask per unit of compute wins
-//!   without reliability weighting or fragmentation terms, and each winner is paid its own ask
-//!   (the provider's silver ask); a lost gang restarts whole.
+//!   a provider's window must cover the whole runtime), the lowest bid per unit of compute wins
+//!   without reliability weighting or fragmentation terms, and each winner is paid its own bid;
+//!   a lost gang restarts whole. How sellers bid there is a [`Bidding`]: by default they shade
+//!   their bids up to the best losing offer (the market's equilibrium), or they bid their true
+//!   (silver) asks.
 //! - `fifo`: a static cluster: the always-on nodes only (a static cluster cannot follow
 //!   providers' windows, so windowed hours go unsold), one first-in-first-out queue with
 //!   head-of-line blocking, no tiers, no preemption, first fit in node order (the matcher's
@@ -65,7 +67,8 @@ impl PolicyName {
         Ok(policies)
     }
 
-    pub(crate) fn rules(self) -> Rules {
+    /// How this policy uses the matcher; `bidding` is how sellers bid in the pay-as-bid market.
+    pub(crate) fn rules(self, bidding: Bidding) -> Rules {
         match self {
             PolicyName::Fallow | PolicyName::NoRepair => Rules {
                 tiers: true,
@@ -80,7 +83,10 @@ impl PolicyName {
                 preemption: false,
                 repair: false,
                 head_of_line: false,
-                pricing: Pricing::OwnAsk,
+                pricing: match bidding {
+                    Bidding::Shaded => Pricing::ShadedAsk,
+                    Bidding::Truthful => Pricing::OwnAsk,
+                },
                 capped: true,
             },
             PolicyName::Fifo => Rules {
@@ -180,4 +186,38 @@ pub(crate) enum Pricing {
     Auction,
     /// Each winner's own silver ask at the time of placement.
     OwnAsk,
+    /// Each winner's bid shaded up to the best losing offer per unit of compute (converted to
+    /// the winner's compute, capped by the job's price), never below its own ask.
+    ShadedAsk,
+}
+
+/// How sellers bid in the pay-as-bid market.
+///
+/// In a uniform-price auction ((k+1)-th price, as Fallow clears) bidding one's true ask is a
+/// dominant strategy. In a pay-as-bid auction it is not: a winner who bids its true ask leaves
+/// the gap up to the best losing offer on the table, so sellers learn to bid the price they
+/// expect to clear (the bid shading documented in pay-as-bid electricity and treasury auctions;
+/// with full information the payments equal the uniform price's, the revenue-equivalence
+/// result). `Shaded` models that equilibrium: every winner is paid the best losing offer per
+/// unit of compute, as its matcher finds it without reliability weighting. `Truthful` is the
+/// out-of-equilibrium case most favourable to tenants: every winner is paid its true ask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Bidding {
+    Shaded,
+    Truthful,
+}
+
+impl Bidding {
+    pub fn name(self) -> &'static str {
+        match self {
+            Bidding::Shaded => "shaded",
+            Bidding::Truthful => "truthful",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Bidding> {
+        [Bidding::Shaded, Bidding::Truthful]
+            .into_iter()
+            .find(|bidding| bidding.name() == text)
+    }
 }

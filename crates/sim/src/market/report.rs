@@ -216,6 +216,10 @@ pub struct MarketReport {
     pub trace_hash: String,
     pub scenario: &'static str,
     pub days: u32,
+    /// How sellers bid in the pay-as-bid market: `shaded` (the equilibrium) or `truthful`.
+    pub pay_as_bid_bids: &'static str,
+    /// Providers' gold asks over their silver asks, in per cent.
+    pub gold_ask_premium_pct: f64,
     pub fleet: FleetSummary,
     pub demand: DemandSummary,
     pub policies: BTreeMap<&'static str, PolicyReport>,
@@ -447,6 +451,8 @@ pub(crate) fn build(config: &MarketConfig, world: &World, outcomes: Vec<(PolicyN
         trace_hash: format!("{:016x}", trace.0),
         scenario: config.scenario.name(),
         days: config.days,
+        pay_as_bid_bids: config.pay_as_bid_bidding.name(),
+        gold_ask_premium_pct: f64::from(config.gold_ask_premium_permille) / 10.0,
         fleet: FleetSummary {
             source: fleet.source.clone(),
             gpus: fleet.gpu_count(),
