@@ -57,6 +57,12 @@
 //! Usage records and attestations are signed over
 //! `"fallow-record-v1\n{type_name}\n{node_id}\n" + serde_json(body)`; see [`sign_record`].
 //!
+//! # The trust policy
+//!
+//! [`rules`] is `docs/trust-policy.md` as code: reputation (a Beta posterior with time decay),
+//! badges, canary findings, usage cross-checks, the test for dropped jobs and missed windows,
+//! and the share of a bond each proven fraud slashes.
+//!
 //! # Errors and HTTP
 //!
 //! [`TrustError`] variants map to status codes at the API edge, for example: `BadHeader`,
@@ -69,6 +75,7 @@ mod fingerprint;
 mod nonce;
 mod record;
 mod request;
+pub mod rules;
 
 pub use api_key::{
     API_KEY_LENGTH, API_KEY_PREFIX, NewApiKey, generate_api_key, hash_secret, parse_api_key, verify_secret,
