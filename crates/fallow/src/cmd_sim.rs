@@ -45,6 +45,11 @@ pub struct MarketArgs {
     /// best ask is its cost).
     #[arg(long, default_value_t = 0.0)]
     gold_ask_premium_pct: f64,
+    /// The share of providers that lie (a false GPU model, inflated usage, dropped jobs or
+    /// missed windows, a quarter each); Fallow's market runs the trust policy
+    /// (docs/trust-policy.md) against them, the others only count what they cost.
+    #[arg(long, default_value_t = 0.0)]
+    fraud_rate: f64,
     /// A node list instead of the synthetic fleet (openb, Philly or PAI form), e.g.
     /// ../shared/traces/openb/openb_node_list_gpu_node.csv.
     #[arg(long)]
@@ -201,6 +206,7 @@ fn run_market(args: MarketArgs) -> anyhow::Result<()> {
         );
     }
     config.gold_ask_premium_permille = (args.gold_ask_premium_pct * 10.0).round() as u32;
+    config.fraud_rate = args.fraud_rate;
     config.policies = args.policies.0;
     config.fleet = match args.nodes {
         Some(path) => FleetSource::NodeList(path),
@@ -306,6 +312,19 @@ fn print_market(report: &MarketReport, wall_s: f64, threads: usize) {
                 gang.node_failures,
                 gang.repairs,
                 gang.restarts
+            );
+        }
+        if let Some(fraud) = &policy.fraud {
+            println!(
+                "{name}: fraud: {} dishonest providers, {} lied; {} proven ({} %), median {} days to proof; {} honest slashed; tenants lost {} % of what they paid ({} % before refunds)",
+                fraud.dishonest_providers,
+                fraud.acted,
+                fraud.detected,
+                show(fraud.fraud_detected_pct),
+                show(fraud.median_days_to_detect),
+                fraud.honest_slashed,
+                show(fraud.tenant_loss_to_fraud_pct),
+                show(fraud.tenant_loss_before_refunds_pct)
             );
         }
         let invariants = &policy.invariants;

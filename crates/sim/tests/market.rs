@@ -304,3 +304,66 @@ fn openb_node_list_and_pod_replay_on_real_prices() {
         assert!(listed.len() > 400, "{file}: {} machines", listed.len());
     }
 }
+
+/// Dishonest providers of every kind lie in every market; Fallow's trust policy proves most of
+/// them within a day of their first lie, slashes no honest provider, and keeps its tenants'
+/// loss well under the loss in markets without one.
+#[test]
+fn the_trust_policy_catches_liars_and_spares_the_honest() {
+    let mut config = MarketConfig::new(4_000, 3, 11, synth::sample_prices());
+    config.fraud_rate = 0.3;
+    config.check_every_s = 3600;
+    let report = run(&config);
+    let fallow = report.policies["fallow"].fraud.clone().expect("fallow reports fraud");
+    assert!(fallow.dishonest_providers >= 4, "{fallow:?}");
+    for kind in ["false_gpu_model", "inflated_usage", "dropped_jobs", "missed_windows"] {
+        assert!(fallow.by_kind[kind].providers > 0, "no {kind} liar seeded: {fallow:?}");
+    }
+    assert_eq!(fallow.honest_slashed, 0, "{fallow:?}");
+    assert!(
+        fallow.acted > 0 && fallow.detected * 10 >= fallow.acted * 8,
+        "{fallow:?}"
+    );
+    assert!(
+        fallow.median_days_to_detect.is_some_and(|days| days <= 1.0),
+        "{fallow:?}"
+    );
+    assert!(fallow.slashed_usd > 0.0 && fallow.canaries_run > 0);
+    let summary = (
+        report.fraud.as_ref().map(|fraud| fraud.fraud_detected_pct),
+        report.fraud.as_ref().map(|fraud| fraud.honest_slashed),
+    );
+    assert_eq!(
+        summary,
+        (Some(fallow.fraud_detected_pct), Some(0)),
+        "the top level repeats fallow's"
+    );
+    let value = serde_json::to_value(&report).expect("the report serialises");
+    for key in [
+        "fraud_detected_pct",
+        "median_days_to_detect",
+        "honest_slashed",
+        "tenant_loss_to_fraud_pct",
+    ] {
+        assert!(value.get(key).is_some(), "top-level {key} is missing");
+    }
+    for baseline in ["fifo", "pay-as-bid", "no-repair"] {
+        let other = report.policies[baseline]
+            .fraud
+            .clone()
+            .expect("every market counts fraud");
+        assert_eq!(other.detected, 0, "{baseline} runs no trust policy");
+        assert_eq!(other.slashed_usd, 0.0);
+        assert!(
+            fallow.tenant_loss_to_fraud_pct.unwrap() < other.tenant_loss_to_fraud_pct.unwrap(),
+            "fallow {fallow:?} against {baseline} {other:?}"
+        );
+    }
+    for policy in report.policies.values() {
+        assert!(policy.invariants.ledger_balanced && policy.invariants.work_accounted);
+        assert!(policy.invariants.consistency_failures.is_empty());
+    }
+    // Without fraud, nothing of it is reported.
+    let honest = run(&small(11));
+    assert!(honest.fraud.is_none() && honest.policies.values().all(|policy| policy.fraud.is_none()));
+}

@@ -379,14 +379,17 @@ pub fn check_usage(
 // ---------------------------------------------------------------------------------------------
 // § 5 Dropped jobs and missed windows
 
-/// § 5: the rate of drops (or missed hours) an honest node may show.
-pub const HONEST_FAULT_RATE: f64 = 0.02;
-/// § 5: fraud is proven when an honest node would show as many or more with less than this chance …
-pub const FAULT_TAIL_PROBABILITY: f64 = 1e-9;
-/// § 5: … and there are at least this many events.
-pub const FAULT_EVENTS_MIN: u64 = 3;
-/// § 5: the window the test looks at.
-pub const FAULT_WINDOW_MS: i64 = 7 * DAY_MS;
+/// § 5: this many dropped leases from one node within [`DROP_WINDOW_MS`] prove dropped jobs.
+pub const DROPS_TO_PROVE: usize = 2;
+pub const DROP_WINDOW_MS: i64 = 7 * DAY_MS;
+/// § 5: the rate of absences per advertised window hour an honest node may show …
+pub const HONEST_ABSENCES_PER_HOUR: f64 = 1e-3;
+/// § 5: … fraud is proven when an honest node would show as many or more with less than this chance …
+pub const ABSENCE_TAIL_PROBABILITY: f64 = 1e-9;
+/// § 5: … and there are at least this many absences …
+pub const ABSENCES_MIN: u64 = 3;
+/// § 5: … over this window.
+pub const ABSENCE_WINDOW_MS: i64 = 7 * DAY_MS;
 
 /// The chance that `trials` independent tries at rate `p` give `events` or more: the upper tail
 /// of the binomial distribution, summed in log space (exact for any size this is used at).
@@ -415,10 +418,12 @@ pub fn binomial_upper_tail(events: u64, trials: u64, p: f64) -> f64 {
     total.min(1.0)
 }
 
-/// § 5: whether `events` drops out of `trials` leases (or missed hours out of committed ones)
-/// over the last week are beyond what an honest node could show by chance.
-pub fn faults_beyond_chance(events: u64, trials: u64) -> bool {
-    events >= FAULT_EVENTS_MIN && binomial_upper_tail(events, trials, HONEST_FAULT_RATE) < FAULT_TAIL_PROBABILITY
+/// § 5: whether `absences` over `window_hours` of advertised windows in the last 7 days are
+/// beyond what an honest node could show by chance.
+pub fn absences_beyond_chance(absences: u64, window_hours: u64) -> bool {
+    absences >= ABSENCES_MIN
+        && binomial_upper_tail(absences, window_hours.max(absences), HONEST_ABSENCES_PER_HOUR)
+            < ABSENCE_TAIL_PROBABILITY
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -434,9 +439,9 @@ pub enum Fraud {
     FalseHardware,
     /// § 4: three violating usage records within a day.
     InflatedUsage,
-    /// § 5: dropped leases beyond chance.
+    /// § 5: two dropped leases within a week.
     DroppedJobs,
-    /// § 5: missed committed hours beyond chance.
+    /// § 5: absences in advertised windows beyond chance.
     MissedWindows,
 }
 
@@ -486,6 +491,8 @@ pub struct Evidence {
     canaries: Vec<CanaryFinding>,
     /// When the node's recent usage violations happened.
     usage_violations_ms: Vec<i64>,
+    /// When the node's recent dropped leases happened.
+    drops_ms: Vec<i64>,
 }
 
 impl Evidence {
@@ -512,6 +519,13 @@ impl Evidence {
             .retain(|seen| at_ms - *seen < USAGE_PROOF_WINDOW_MS);
         self.usage_violations_ms.push(at_ms);
         (self.usage_violations_ms.len() >= USAGE_VIOLATIONS_TO_PROVE).then_some(Fraud::InflatedUsage)
+    }
+
+    /// § 5: adds a lease the node dropped at `at_ms`; returns the fraud it proves, if any.
+    pub fn dropped_lease(&mut self, at_ms: i64) -> Option<Fraud> {
+        self.drops_ms.retain(|seen| at_ms - *seen < DROP_WINDOW_MS);
+        self.drops_ms.push(at_ms);
+        (self.drops_ms.len() >= DROPS_TO_PROVE).then_some(Fraud::DroppedJobs)
     }
 
     /// After a proof and the slash that follows: the node starts over.
@@ -732,16 +746,26 @@ mod tests {
     }
 
     #[test]
-    fn faults_beyond_chance_needs_a_rate_no_honest_node_shows() {
-        // At the honest rate, or twice it over a busy week: not proven.
-        assert!(!faults_beyond_chance(4, 200));
-        assert!(!faults_beyond_chance(8, 200));
-        // Two of two: rare (1 in 2,500) but not 1e-9, and under the event minimum.
-        assert!(!faults_beyond_chance(2, 2));
-        // A node that drops a third of 60 leases, or 7 of its 10.
-        assert!(faults_beyond_chance(20, 60));
-        assert!(!faults_beyond_chance(6, 10), "1.3e-8: rare, not proof");
-        assert!(faults_beyond_chance(7, 10));
+    fn absences_beyond_chance_need_a_rate_no_honest_node_shows() {
+        // A week of an always-open node (168 hours): one or two failures are honest.
+        assert!(!absences_beyond_chance(2, 168));
+        // Three or four in a week: rare for an honest node, but not 1e-9.
+        assert!(!absences_beyond_chance(4, 168));
+        // Three a day for two days.
+        assert!(absences_beyond_chance(6, 48));
+        // Never proven under the minimum count, however few the hours.
+        assert!(!absences_beyond_chance(2, 2));
+    }
+
+    #[test]
+    fn two_drops_within_a_week_prove_dropped_jobs() {
+        let mut evidence = Evidence::default();
+        assert_eq!(evidence.dropped_lease(NOW), None);
+        assert_eq!(evidence.dropped_lease(NOW + DROP_WINDOW_MS), None, "the first fell out");
+        assert_eq!(
+            evidence.dropped_lease(NOW + DROP_WINDOW_MS + 1),
+            Some(Fraud::DroppedJobs)
+        );
     }
 
     #[test]
@@ -765,7 +789,8 @@ mod tests {
             "**10 %** or more",
             "under **2 %**",
             "**Three violating records from one node within\n  24 hours**",
-            "**2 %**",
+            "**two drops from one node\n  within 7 days**",
+            "**one\n  absence per 1,000 window hours**",
             "**10⁻⁹**",
             "at least **3**",
             "| wrong answers (section 3) | 100 % |",

@@ -183,6 +183,8 @@ pub struct Tally {
     pub samples: Vec<Sample>,
     pub frag_sum: f64,
     pub frag_samples: u64,
+    /// With `--fraud-rate`: what fraud cost, and what the trust policy caught.
+    pub fraud: Option<super::fraud::FraudReport>,
 }
 
 /// Kinds of matcher call, for the time breakdown.
@@ -213,6 +215,10 @@ enum Cause {
     Failure,
     Preempted,
     WindowClosed,
+    /// A dishonest provider abandoned the lease (`--fraud-rate`).
+    Dropped,
+    /// A dishonest node left inside its window (`--fraud-rate`).
+    Vanished,
 }
 
 impl Cause {
@@ -221,7 +227,19 @@ impl Cause {
             Cause::Failure => 1,
             Cause::Preempted => 2,
             Cause::WindowClosed => 3,
+            Cause::Dropped => 4,
+            Cause::Vanished => 5,
         }
+    }
+
+    /// Lost without warning: the job keeps only what it checkpointed.
+    fn is_fault(self) -> bool {
+        matches!(self, Cause::Failure | Cause::Dropped | Cause::Vanished)
+    }
+
+    /// A lie of a dishonest provider.
+    fn is_fraud(self) -> bool {
+        matches!(self, Cause::Dropped | Cause::Vanished)
     }
 }
 
@@ -280,6 +298,11 @@ enum Event {
         job: u64,
         victims: u32,
     },
+    /// A dishonest provider abandons a lease (`--fraud-rate`).
+    Drop {
+        job: u64,
+        lease: u64,
+    },
 }
 
 /// One policy's simulation state.
@@ -326,6 +349,8 @@ pub(crate) struct PolicySim<'w> {
     preempt_budget: u32,
     hash: TraceHash,
     tally: Tally,
+    /// With `--fraud-rate`: the trust policy (detecting in Fallow's market only) and fraud's costs.
+    trust: Option<super::fraud::TrustState>,
 }
 
 impl<'w> PolicySim<'w> {
@@ -388,6 +413,9 @@ impl<'w> PolicySim<'w> {
                 fleet_gpus: fleet.gpu_count(),
                 ..Tally::default()
             },
+            trust: world.fraud.as_ref().map(|plan| {
+                super::fraud::TrustState::new(plan, policy == PolicyName::Fallow, world.start, &world.open_at_start)
+            }),
         }
     }
 
@@ -422,10 +450,11 @@ impl<'w> PolicySim<'w> {
                     self.tally.events -= 1;
                     self.sample();
                 }
-                _ => {
+                7 => {
                     self.tally.events -= 1;
                     self.check();
                 }
+                _ => self.canary(),
             }
             self.drain_interrupts();
             if self.world.check_every_s == 0 {
@@ -453,8 +482,9 @@ impl<'w> PolicySim<'w> {
             self.pass_wanted.then_some(self.pass_due.max(self.now)),
             Some(self.next_sample),
             (self.world.check_every_s > 0).then_some(self.next_check),
+            self.trust.as_ref().and_then(|trust| trust.next_canary_at()),
         ];
-        let mut best = (Timestamp::MAX, 8u8);
+        let mut best = (Timestamp::MAX, 9u8);
         for (rank, candidate) in candidates.iter().enumerate() {
             if let Some(at) = candidate
                 && *at < best.0
@@ -529,6 +559,9 @@ impl<'w> PolicySim<'w> {
             return;
         }
         self.online[node] = event.up;
+        if let Some(trust) = &mut self.trust {
+            trust.availability(node, event.up && self.open[node], self.now);
+        }
         let kind = self.world.fleet.kinds[node] as usize;
         let gpus = u64::from(self.world.fleet.nodes[node].gpu_count);
         if self.open[node] {
@@ -544,11 +577,67 @@ impl<'w> PolicySim<'w> {
             self.freed_milli += gpus * 1000;
             self.pass_wanted = true;
         } else {
-            self.tally.node_failures += 1;
+            if !event.vanish {
+                self.tally.node_failures += 1;
+            }
+            if self.open[node]
+                && let (Some(trust), Some(plan)) = (&mut self.trust, &self.world.fraud)
+            {
+                let found = trust.absent(plan, node, event.vanish, self.now);
+                self.proven(found);
+            }
             let lost = self.timed(Call::NodeState, |matcher| matcher.set_node_offline(id, true));
             self.tally.failed_leases += lost.len() as u64;
-            self.queue_interrupts(lost, Cause::Failure);
+            self.queue_interrupts(lost, if event.vanish { Cause::Vanished } else { Cause::Failure });
         }
+    }
+
+    // ---- trust (`--fraud-rate`) ----
+
+    /// Runs the canary that is due.
+    fn canary(&mut self) {
+        let (Some(trust), Some(plan)) = (&mut self.trust, &self.world.fraud) else {
+            return;
+        };
+        let (online, open) = (&self.online, &self.open);
+        let found = trust.run_canary(plan, self.now, &|node| online[node] && open[node]);
+        self.proven(found);
+    }
+
+    /// Fraud proven against a provider: its bond is slashed, its tenants paid back, its nodes
+    /// cordoned (their running leases end as planned; nothing new is placed there).
+    fn proven(&mut self, found: Option<(u32, trust::rules::Fraud)>) {
+        let (Some((provider, fraud)), Some(trust), Some(plan)) = (found, &mut self.trust, &self.world.fraud) else {
+            return;
+        };
+        trust.prove(plan, provider, fraud, self.now);
+        let nodes = std::mem::take(&mut trust.cordoned_nodes);
+        self.hash.add(&[self.now, 14, i64::from(provider), nodes.len() as i64]);
+        for node in nodes {
+            self.matcher.set_node_cordoned(model::NodeId(node), true);
+        }
+    }
+
+    /// A dishonest provider abandons a lease while its node is up.
+    fn drop_event(&mut self, job: u64, lease: u64) {
+        let Some(run) = self.jobs.get(&job) else { return };
+        let Some(entry) = run.leases.iter().find(|entry| entry.lease.id.0 == lease) else {
+            return;
+        };
+        let node = entry.lease.node.index();
+        if !self.online[node] {
+            return;
+        }
+        let id = entry.lease.id;
+        let Some(released) = self.timed(Call::Release, |matcher| matcher.release_lease(id)) else {
+            return;
+        };
+        if let (Some(trust), Some(plan)) = (&mut self.trust, &self.world.fraud) {
+            let found = trust.dropped(plan, node, self.now);
+            self.proven(found);
+        }
+        self.hash.add(&[self.now, 15, job as i64]);
+        self.queue_interrupts(vec![released], Cause::Dropped);
     }
 
     fn tick(&mut self) {
@@ -562,6 +651,9 @@ impl<'w> PolicySim<'w> {
                 continue;
             }
             self.open[node] = false;
+            if let Some(trust) = &mut self.trust {
+                trust.availability(node, false, self.now);
+            }
             if self.online[node] {
                 let kind = self.world.fleet.kinds[node] as usize;
                 self.offered_gpus[kind] -= u64::from(self.world.fleet.nodes[node].gpu_count);
@@ -584,6 +676,9 @@ impl<'w> PolicySim<'w> {
                 continue;
             }
             self.open[node] = true;
+            if let Some(trust) = &mut self.trust {
+                trust.availability(node, self.online[node], self.now);
+            }
             if self.online[node] {
                 let kind = self.world.fleet.kinds[node] as usize;
                 let gpus = u64::from(self.world.fleet.nodes[node].gpu_count);
@@ -599,6 +694,7 @@ impl<'w> PolicySim<'w> {
         match event {
             Event::Complete { job, generation } => self.complete(job, generation),
             Event::GraceEnd { job, victims } => self.hash.add(&[self.now, 13, job as i64, i64::from(victims)]),
+            Event::Drop { job, lease } => self.drop_event(job, lease),
         }
     }
 
@@ -858,6 +954,16 @@ impl<'w> PolicySim<'w> {
         if run.job.spec.tier == Tier::Bronze {
             self.bronze_milli_by_model[self.world.fleet.nodes[node].gpu_model.index()] += milli;
         }
+        if let Some(plan) = &self.world.fraud
+            && plan.kind[node] == Some(super::fraud::FraudKind::DroppedJobs)
+            && plan.unit(&[3, run.job.spec.id.0, u64::from(run.generation), lease.id.0])
+                < f64::from(super::fraud::DROP_PERMILLE) / 1000.0
+        {
+            let within = super::fraud::DROP_WITHIN_S.min(i64::from(run.job.spec.max_runtime_s.max(1)));
+            let after = plan.unit(&[4, run.job.spec.id.0, u64::from(run.generation), lease.id.0]) * within as f64;
+            let (job, id) = (run.job.spec.id.0, lease.id.0);
+            self.push(self.now + (after as Timestamp).max(1), Event::Drop { job, lease: id });
+        }
         run.leases.push(LeaseRun {
             lease,
             milli,
@@ -914,6 +1020,41 @@ impl<'w> PolicySim<'w> {
         self.tally.on_demand_cost[tier] = self.tally.on_demand_cost[tier] + reference;
         let asked = entry.ask.cost_for(entry.milli, seconds).expect("costs fit in i64");
         self.tally.asked[tier] = self.tally.asked[tier] + asked;
+        self.bill_fraud(node, entry, cost, seconds);
+    }
+
+    /// What a dishonest node's lie adds to a bill: compute not delivered on a false GPU model;
+    /// a last usage record inflated past the lease's end (refused where the trust policy checks
+    /// usage, paid where it does not).
+    fn bill_fraud(&mut self, node: usize, entry: &LeaseRun, cost: Micros, seconds: u64) {
+        use super::fraud::FraudKind;
+        let (Some(trust), Some(plan)) = (&mut self.trust, &self.world.fraud) else {
+            return;
+        };
+        match plan.kind[node] {
+            Some(FraudKind::FalseGpuModel) => {
+                let undelivered = cost.0 * i64::from(1000 - plan.rate_permille[node].min(1000)) / 1000;
+                trust.loss(plan, node, undelivered);
+            }
+            Some(FraudKind::InflatedUsage) => {
+                let share = plan.unit(&[5, entry.lease.id.0]);
+                let (low, high) = (
+                    *super::fraud::INFLATION_PERMILLE.start(),
+                    *super::fraud::INFLATION_PERMILLE.end(),
+                );
+                let permille = low + (share * (high - low) as f64) as u64;
+                let extra_s = (seconds * permille / 1000).max(1);
+                let extra = entry.price.cost_for(entry.milli, extra_s).expect("costs fit in i64");
+                if trust.detect {
+                    let found = trust.usage_violation(plan, node, self.now);
+                    self.proven(found);
+                } else {
+                    trust.usage_violation(plan, node, self.now);
+                    trust.loss(plan, node, extra.0);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// When the job's work is done, from its saved progress and where its compute starts.
@@ -1080,7 +1221,21 @@ impl<'w> PolicySim<'w> {
 
     fn drain_interrupts(&mut self) {
         while let Some((job, leases, cause)) = self.interrupts.pop() {
+            if !cause.is_fraud() {
+                self.interrupt(job, leases, cause);
+                continue;
+            }
+            // The work a lie threw away, at the lost lease's price, is fraud's cost to the tenant.
+            let lost_before: u64 = self.tally.work.iter().map(|work| work.lost).sum();
+            let (node, price) = leases
+                .first()
+                .map_or((0, Micros::ZERO), |lease| (lease.node.index(), lease.price));
             self.interrupt(job, leases, cause);
+            let lost: u64 = self.tally.work.iter().map(|work| work.lost).sum::<u64>() - lost_before;
+            if let (Some(trust), Some(plan)) = (&mut self.trust, &self.world.fraud) {
+                let micros = price.cost_for(lost, 1).map_or(0, |cost| cost.0);
+                trust.loss(plan, node, micros);
+            }
         }
     }
 
@@ -1101,13 +1256,13 @@ impl<'w> PolicySim<'w> {
         }
         self.hash.add(&[now, 7, id as i64, cause.code(), lost_ids.len() as i64]);
         let tier = run.tier as usize;
-        if cause != Cause::Failure {
+        if !cause.is_fault() {
             self.tally.preempted_leases[tier] += lost_ids.len() as u64;
             if cause == Cause::WindowClosed {
                 self.tally.window_preempted_leases[tier] += lost_ids.len() as u64;
             }
         }
-        if run.class == 2 && cause == Cause::Failure {
+        if run.class == 2 && cause.is_fault() {
             self.tally.big_gang_failures += 1;
         }
         let lost_milli: u64 = run
@@ -1141,8 +1296,8 @@ impl<'w> PolicySim<'w> {
             None
         };
         let keep = match (cause, &plan) {
-            (Cause::Failure, Some(_)) => Keep::AllButLost(lost_milli),
-            (Cause::Failure, None) => Keep::Checkpointed,
+            (cause, Some(_)) if cause.is_fault() => Keep::AllButLost(lost_milli),
+            (cause, None) if cause.is_fault() => Keep::Checkpointed,
             (_, _) if can_checkpoint => Keep::All,
             _ => Keep::Checkpointed,
         };
@@ -1360,6 +1515,10 @@ impl<'w> PolicySim<'w> {
             for entry in std::mem::take(&mut run.leases) {
                 self.bill(&run, &entry, end);
             }
+        }
+        if let (Some(trust), Some(plan)) = (&self.trust, &self.world.fraud) {
+            let paid: i64 = self.tally.paid.iter().map(|paid| paid.0).sum();
+            self.tally.fraud = Some(trust.report(plan, paid));
         }
         self.check();
         for (class, work) in self.tally.work.iter().enumerate() {

@@ -16,6 +16,8 @@ pub struct NodeEvent {
     pub at: Timestamp,
     pub node: u32,
     pub up: bool,
+    /// A dishonest node leaving inside its window (`--fraud-rate`), not a failure.
+    pub vanish: bool,
 }
 
 /// Every interruption and repair in `start..end`, in time order. Each node draws from a stream
@@ -48,12 +50,14 @@ pub fn node_events(fleet: &MarketFleet, seed: u64, start: Timestamp, end: Timest
                 at: fail_at,
                 node: node as u32,
                 up: false,
+                vanish: false,
             });
             if up_at < end {
                 events.push(NodeEvent {
                     at: up_at,
                     node: node as u32,
                     up: true,
+                    vanish: false,
                 });
             }
             at += down;

@@ -495,6 +495,30 @@ pub fn render(report: &MarketReport, start: i64) -> Vec<(String, String)> {
         ("fragmentation %", Box::new(|policy| Some(policy.fragmentation_pct))),
         ("matcher µs / event", Box::new(|policy| policy.matcher_us_per_event)),
     ];
+    let fraud_rows: Vec<(&str, Figure)> = vec![
+        (
+            "fraud: liars proven %",
+            Box::new(|policy| policy.fraud.as_ref().and_then(|fraud| fraud.fraud_detected_pct)),
+        ),
+        (
+            "fraud: median days to proof",
+            Box::new(|policy| policy.fraud.as_ref().and_then(|fraud| fraud.median_days_to_detect)),
+        ),
+        (
+            "fraud: honest providers slashed",
+            Box::new(|policy| policy.fraud.as_ref().map(|fraud| fraud.honest_slashed as f64)),
+        ),
+        (
+            "fraud: tenants' loss, % of what they paid",
+            Box::new(|policy| policy.fraud.as_ref().and_then(|fraud| fraud.tenant_loss_to_fraud_pct)),
+        ),
+    ];
+    let with_fraud = policies.iter().any(|(_, policy)| policy.fraud.is_some());
+    let rows: Vec<(&str, Figure)> = if with_fraud {
+        rows.into_iter().chain(fraud_rows).collect()
+    } else {
+        rows
+    };
     for (label, value) in &rows {
         let _ = write!(page, "<tr><td>{}</td>", escape(label));
         for (_, policy) in &policies {

@@ -8,6 +8,7 @@ pub mod admission;
 pub mod engine;
 pub mod failures;
 pub mod fleet;
+pub mod fraud;
 pub mod html;
 pub mod policy;
 pub mod report;
@@ -104,6 +105,8 @@ pub struct MarketConfig {
     pub pay_as_bid_bidding: Bidding,
     /// Providers' gold asks over their silver asks (per mille; 0: the same, their cost).
     pub gold_ask_premium_permille: u32,
+    /// The share of providers that lie (0: none, and no trust policy runs).
+    pub fraud_rate: f64,
     /// Synthetic demand in GPU-seconds as a share (per mille) of what the market offers.
     pub load_permille: u32,
     /// The big-training gang: its GPUs and checkpoint interval.
@@ -132,6 +135,7 @@ impl MarketConfig {
             policies: PolicyName::ALL.to_vec(),
             pay_as_bid_bidding: Bidding::Shaded,
             gold_ask_premium_permille: 0,
+            fraud_rate: 0.0,
             load_permille: 900,
             gang_gpus: 100_000,
             gang_checkpoint_interval_s: 1800,
@@ -182,6 +186,8 @@ pub struct World {
     pub check_every_s: Timestamp,
     pub sample_every_s: Timestamp,
     pub pay_as_bid_bidding: Bidding,
+    /// Who lies and how (`--fraud-rate`); `None` without fraud.
+    pub fraud: Option<fraud::FraudPlan>,
 }
 
 impl World {
@@ -219,7 +225,20 @@ impl World {
         if config.gold_ask_premium_permille > 0 {
             fleet::set_gold_ask_premium(&mut fleet, config.gold_ask_premium_permille);
         }
-        let node_events = failures::node_events(&fleet, config.seed, start, end);
+        let mut node_events = failures::node_events(&fleet, config.seed, start, end);
+        if !(config.fraud_rate.is_finite() && (0.0..=1.0).contains(&config.fraud_rate)) {
+            return Err(MarketError::Invalid(format!(
+                "--fraud-rate must be between 0 and 1, not {}",
+                config.fraud_rate
+            )));
+        }
+        let fraud = (config.fraud_rate > 0.0).then(|| {
+            let (plan, vanishes) =
+                fraud::FraudPlan::draw(&fleet, config.fraud_rate, config.seed, start, end, &node_events);
+            node_events.extend(vanishes);
+            node_events.sort_unstable();
+            plan
+        });
         let (ticks, open_at_start) = ticks(&fleet, start, end);
         let ticks_complete = fleet.nodes.iter().all(|node| {
             node.policy
@@ -274,6 +293,7 @@ impl World {
             check_every_s: config.check_every_s,
             sample_every_s: config.sample_every_s.max(60),
             pay_as_bid_bidding: config.pay_as_bid_bidding,
+            fraud,
         })
     }
 

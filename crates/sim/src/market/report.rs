@@ -183,8 +183,22 @@ pub struct PolicyReport {
     pub preemptions_tried: u64,
     pub matcher_calls: u64,
     pub trace_hash: String,
+    /// With `--fraud-rate`: what fraud cost this market's tenants, and what its trust policy
+    /// caught (only Fallow's market runs one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraud: Option<super::fraud::FraudReport>,
     #[serde(skip)]
     pub samples: Vec<Sample>,
+}
+
+/// The trust policy's figures in Fallow's market, at the report's top level (`--fraud-rate`).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct FraudSummary {
+    pub fraud_rate: f64,
+    pub fraud_detected_pct: Option<f64>,
+    pub median_days_to_detect: Option<f64>,
+    pub honest_slashed: u64,
+    pub tenant_loss_to_fraud_pct: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -222,6 +236,9 @@ pub struct MarketReport {
     pub gold_ask_premium_pct: f64,
     pub fleet: FleetSummary,
     pub demand: DemandSummary,
+    /// With `--fraud-rate`: Fallow's trust figures (also under `policies.fallow.fraud`).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub fraud: Option<FraudSummary>,
     pub policies: BTreeMap<&'static str, PolicyReport>,
 }
 
@@ -400,6 +417,7 @@ pub(crate) fn policy_report(tally: Tally, hash: u64, world: &World, big_gang_int
         preemptions_tried: tally.preemptions_tried,
         matcher_calls: tally.matcher_calls,
         trace_hash: format!("{hash:016x}"),
+        fraud: tally.fraud.clone(),
         samples: std::mem::take(&mut tally.samples),
     }
 }
@@ -459,10 +477,24 @@ pub(crate) fn build(config: &MarketConfig, world: &World, outcomes: Vec<(PolicyN
             nodes: fleet.nodes.len(),
             gpus_by_kind,
             gpus_by_model,
-            node_interruptions: world.node_events.iter().filter(|event| !event.up).count(),
+            node_interruptions: world
+                .node_events
+                .iter()
+                .filter(|event| !event.up && !event.vanish)
+                .count(),
             windowed_gpus,
         },
         demand,
+        fraud: policies.get("fallow").and_then(|fallow: &PolicyReport| {
+            let report = fallow.fraud.as_ref()?;
+            Some(FraudSummary {
+                fraud_rate: config.fraud_rate,
+                fraud_detected_pct: report.fraud_detected_pct,
+                median_days_to_detect: report.median_days_to_detect,
+                honest_slashed: report.honest_slashed,
+                tenant_loss_to_fraud_pct: report.tenant_loss_to_fraud_pct,
+            })
+        }),
         policies,
     }
 }
