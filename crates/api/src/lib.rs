@@ -341,6 +341,24 @@ pub struct NodeView {
     pub over_limit_since_us: Option<i64>,
     pub live_leases: i64,
     pub earnings_micros: i64,
+    /// The trust policy's reputation (docs/trust-policy.md § 1) with its inputs; in a single
+    /// node's view only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reputation: Option<ReputationView>,
+}
+
+/// A node's reputation by the trust policy (docs/trust-policy.md § 1): a Beta posterior over its
+/// outcomes, each weighing half as much every 30 days, from a prior of Beta(8, 2).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Default)]
+pub struct ReputationView {
+    /// The posterior mean.
+    pub score: f64,
+    /// The mean less two standard deviations: what badges use.
+    pub lower_bound: f64,
+    /// The decayed weight of all outcomes, the prior left out.
+    pub evidence: f64,
+    /// The decayed weight per kind of outcome (`lease_finished`, `node_fault`, …).
+    pub inputs: BTreeMap<String, f64>,
 }
 
 /// A signed heartbeat from an agent.

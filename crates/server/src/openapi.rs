@@ -27,6 +27,7 @@ use utoipa::OpenApi;
         api::OfferList,
         api::NodeRegistration,
         api::NodeView,
+        api::ReputationView,
         api::PolicyDoc,
         api::PriceRuleDoc,
         api::WindowDoc,

@@ -654,6 +654,7 @@ async fn full_node_view(state: &AppState, record: &store::NodeRecord) -> ApiResu
     let ok = outcomes.iter().filter(|(outcome, _)| outcome == "ok").count() as u64;
     let faults = outcomes.len() as u64 - ok;
     let mut view = node_view(record, crate::view::reliability(ok, faults), live, 0);
+    view.reputation = Some(crate::views::reputation_view(&outcomes, now_us()));
     // This replica may have heard the node since the store did (see `beats`).
     if let Some((at, telemetry)) = state.beats.last(record.id)
         && record.last_heartbeat_at.is_none_or(|stored| stored < at)

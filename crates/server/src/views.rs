@@ -87,5 +87,36 @@ pub fn node_view(record: &NodeRecord, reliability: f64, live_leases: i64, earnin
         over_limit_since_us: record.over_limit_since,
         live_leases,
         earnings_micros,
+        reputation: None,
+    }
+}
+
+/// The trust policy's reputation from a node's recorded outcomes (times in microseconds): a
+/// lease that ended well counts as finished, a node fault as one; a tenant's job failing is no
+/// outcome of the node's.
+pub fn reputation_view(outcomes: &[(String, i64)], now_us: i64) -> api::ReputationView {
+    use trust::rules::{Outcome, Reputation};
+    let mut reputation = Reputation::default();
+    for (name, at_us) in outcomes {
+        let outcome = match name.as_str() {
+            "ok" => Outcome::LeaseFinished,
+            "node_fault" => Outcome::NodeFault,
+            other => match Outcome::parse(other) {
+                Some(outcome) => outcome,
+                None => continue,
+            },
+        };
+        reputation.add(outcome, at_us / 1000, now_us / 1000);
+    }
+    let round = |value: f64| (value * 10_000.0).round() / 10_000.0;
+    api::ReputationView {
+        score: round(reputation.score()),
+        lower_bound: round(reputation.lower_bound()),
+        evidence: round(reputation.evidence()),
+        inputs: Outcome::ALL
+            .iter()
+            .zip(reputation.inputs)
+            .map(|(outcome, weight)| (outcome.name().to_string(), round(weight)))
+            .collect(),
     }
 }

@@ -335,6 +335,20 @@ async fn a_silent_node_loses_its_lease_and_the_job_queues_again() {
                 .await
                 .expect(200, "node");
             assert_eq!(node["online"], false, "{}", h.backend);
+            // The fault shows in the node's reputation, with its input (the prior is Beta(8, 2)).
+            let reputation = &node["reputation"];
+            assert!(
+                reputation["inputs"]["node_fault"]
+                    .as_f64()
+                    .is_some_and(|weight| weight > 0.99),
+                "{}: {node}",
+                h.backend
+            );
+            assert!(
+                reputation["score"].as_f64().is_some_and(|score| score < 0.8),
+                "{}: {node}",
+                h.backend
+            );
 
             let healthy = h.node(&provider, "steady", |_| {}).await;
             let (_, moved) = run_until_placed(h, &healthy, &tenant, job_id).await;

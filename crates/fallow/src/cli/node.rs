@@ -224,6 +224,27 @@ fn show(client: &Client, id: i64) -> anyhow::Result<()> {
         ("live leases", node.live_leases.to_string()),
         ("reliability", format!("{:.3}", node.reliability)),
     ];
+    if let Some(reputation) = &node.reputation {
+        let inputs: Vec<String> = reputation
+            .inputs
+            .iter()
+            .filter(|(_, weight)| **weight > 0.0)
+            .map(|(name, weight)| format!("{} {weight:.1}", name.replace('_', " ")))
+            .collect();
+        pairs.push((
+            "reputation",
+            format!(
+                "{:.3} (lower bound {:.3}; {}; docs/trust-policy.md § 1)",
+                reputation.score,
+                reputation.lower_bound,
+                if inputs.is_empty() {
+                    "no outcomes yet: the prior".to_string()
+                } else {
+                    inputs.join(", ")
+                }
+            ),
+        ));
+    }
     if let Some(since) = node.over_limit_since_us {
         pairs.push(("over limit since", utc(since)));
     }
