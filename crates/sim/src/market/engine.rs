@@ -1042,13 +1042,13 @@ impl<'w> PolicySim<'w> {
                     *super::fraud::INFLATION_PERMILLE.start(),
                     *super::fraud::INFLATION_PERMILLE.end(),
                 );
-                let permille = low + (share * (high - low) as f64) as u64;
-                let extra_s = (seconds * permille / 1000).max(1);
-                let extra = entry.price.cost_for(entry.milli, extra_s).expect("costs fit in i64");
                 if trust.detect {
                     let found = trust.usage_violation(plan, node, self.now);
                     self.proven(found);
                 } else {
+                    let permille = low + (share * (high - low) as f64) as u64;
+                    let extra_s = (seconds * permille / 1000).max(1);
+                    let extra = entry.price.cost_for(entry.milli, extra_s).expect("costs fit in i64");
                     trust.usage_violation(plan, node, self.now);
                     trust.loss(plan, node, extra.0);
                 }

@@ -205,13 +205,9 @@ impl FraudPlan {
 
     /// A uniform draw in [0, 1) fixed by the seed and a few words (the same in every policy).
     pub fn unit(&self, words: &[u64]) -> f64 {
-        let mut hash = 0xcbf2_9ce4_8422_2325u64 ^ self.seed;
-        for word in words {
-            for byte in word.to_le_bytes() {
-                hash ^= u64::from(byte);
-                hash = hash.wrapping_mul(0x0100_0000_01b3);
-            }
-        }
+        let mut trace = super::engine::TraceHash(0xcbf2_9ce4_8422_2325u64 ^ self.seed);
+        trace.add(&words.iter().map(|word| *word as i64).collect::<Vec<_>>());
+        let mut hash = trace.0;
         // A final mix (splitmix64), so nearby inputs give unrelated draws.
         hash ^= hash >> 30;
         hash = hash.wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -331,30 +327,34 @@ impl TrustState {
         proof.map(|fraud| (provider, fraud))
     }
 
-    /// A node's last usage record of a lease was refused (it claimed time past the lease).
+    /// A node's last usage record of a lease claimed time past the lease (refused where the
+    /// trust policy runs).
     pub fn usage_violation(&mut self, plan: &FraudPlan, node: usize, now: Timestamp) -> Option<(u32, Fraud)> {
-        let provider = plan.provider[node];
-        self.first_act[provider as usize].get_or_insert(now);
         self.inflated_records += 1;
-        if !self.detect || self.proven[provider as usize].is_some() {
-            return None;
-        }
-        self.evidence[node]
-            .usage_violation(now * 1000)
-            .map(|fraud| (provider, fraud))
+        self.lie(plan, node, now, Evidence::usage_violation)
     }
 
     /// A node dropped a lease while up.
     pub fn dropped(&mut self, plan: &FraudPlan, node: usize, now: Timestamp) -> Option<(u32, Fraud)> {
+        self.dropped_leases += 1;
+        self.lie(plan, node, now, Evidence::dropped_lease)
+    }
+
+    /// A lie seen at `now`: marks the provider's first, and adds it to the node's evidence where
+    /// the trust policy runs. Returns the fraud it proves, if any.
+    fn lie(
+        &mut self,
+        plan: &FraudPlan,
+        node: usize,
+        now: Timestamp,
+        add: fn(&mut Evidence, i64) -> Option<Fraud>,
+    ) -> Option<(u32, Fraud)> {
         let provider = plan.provider[node];
         self.first_act[provider as usize].get_or_insert(now);
-        self.dropped_leases += 1;
         if !self.detect || self.proven[provider as usize].is_some() {
             return None;
         }
-        self.evidence[node]
-            .dropped_lease(now * 1000)
-            .map(|fraud| (provider, fraud))
+        add(&mut self.evidence[node], now * 1000).map(|fraud| (provider, fraud))
     }
 
     /// A node's window opened or closed, or the node went down or came back: `available` is
