@@ -402,6 +402,145 @@ pub struct HeartbeatResponse {
     /// its replicas well before, so that a lease moved elsewhere never runs twice at once.
     #[serde(default)]
     pub heartbeat_timeout_ms: u64,
+    /// Canaries the node should run (docs/trust-policy.md § 3), at low priority on the GPUs
+    /// named, answered with `POST /v1/agent/canaries`.
+    #[serde(default)]
+    pub canaries: Vec<CanaryOrder>,
+}
+
+/// A known-answer benchmark the coordinator orders on a node (docs/trust-policy.md § 3).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct CanaryOrder {
+    pub id: i64,
+    pub seed: String,
+    /// Work units per GPU (`trust::canary`).
+    pub units: u64,
+    /// The GPU indexes to run on (idle when ordered).
+    pub gpus: Vec<u8>,
+    /// Memory to allocate on each GPU: 90 % of the claimed model's.
+    pub memory_mib: u64,
+    /// Answer by then (ms since the Unix epoch).
+    pub deadline_ms: i64,
+}
+
+/// A canary's result, signed by the node's key over its body (`trust::canary::CanaryResult`).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SignedCanaryResult {
+    pub body: CanaryResultBody,
+    pub signature_hex: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CanaryResultBody {
+    pub canary_id: i64,
+    pub seed: String,
+    pub units: i64,
+    pub digest: String,
+    pub elapsed_ms: i64,
+    /// Thousandths of a unit per second per GPU; 0 when none was measured.
+    pub rate_milli: i64,
+    pub memory_allocated: bool,
+    /// `simulated:MODEL`, or `cpu` when no GPU kernel ran.
+    pub measured_on: String,
+}
+
+/// One canary and what the coordinator found.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct CanaryView {
+    pub id: i64,
+    pub node_id: i64,
+    pub units: i64,
+    pub gpus: Vec<u8>,
+    /// The model the node claims, whose rate the run is held to.
+    pub claimed_model: String,
+    pub created_at_us: i64,
+    pub delivered_at_us: Option<i64>,
+    pub finished_at_us: Option<i64>,
+    /// passed, wrong_answer, slow or unanswered; none while it runs.
+    pub finding: Option<String>,
+    /// The rate used (the lower of the node's and the coordinator's clock), thousandths of a
+    /// unit per second per GPU, and the rate the claimed model gives.
+    pub rate_milli: Option<i64>,
+    pub expected_rate_milli: i64,
+    /// The signed result as received, for anyone to re-check.
+    pub result: Option<serde_json::Value>,
+    pub signature_hex: Option<String>,
+}
+
+/// A provider's bond, paid in from its earnings (`POST /v1/provider/bond`) or by an admin for
+/// it (`POST /v1/admin/bonds`).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BondRequest {
+    /// Dollars, e.g. "100.00".
+    pub amount: String,
+    /// Idempotency key: the same key posts once.
+    pub key: String,
+    /// Only for `POST /v1/admin/bonds`: the provider's account id.
+    #[serde(default)]
+    pub provider_id: Option<i64>,
+}
+
+/// A refund paid out of a slashed bond.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct RefundView {
+    pub tenant_id: i64,
+    /// What the tenant paid for leases on the node over the evidence's period.
+    pub owed_micros: i64,
+    pub paid_micros: i64,
+}
+
+/// A decision that fraud is proven (docs/trust-policy.md § 6), with the evidence it rests on.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct FraudView {
+    pub id: i64,
+    pub node_id: i64,
+    pub provider_id: i64,
+    /// wrong_answers, false_hardware, inflated_usage, dropped_jobs or missed_windows.
+    pub kind: String,
+    /// The policy section applied.
+    pub section: String,
+    pub share_permille: i64,
+    pub bond_before_micros: i64,
+    pub slashed_micros: i64,
+    pub refunds: Vec<RefundView>,
+    pub to_platform_micros: i64,
+    /// The signed records and canary results the decision rests on.
+    pub evidence: serde_json::Value,
+    pub decided_at_us: i64,
+}
+
+/// A node's standing under the trust policy.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct NodeTrustView {
+    pub node_id: i64,
+    pub name: String,
+    pub reputation: ReputationView,
+    /// Cordoned for proven fraud since then, until a canary passes on its current hardware.
+    pub fraud_cordoned_at_us: Option<i64>,
+    /// Whether gold work may go to it: its provider has the gold badge and its last canary did
+    /// not fail.
+    pub gold_eligible: bool,
+    pub last_canary: Option<CanaryView>,
+}
+
+/// A provider's standing: bond, badge, reputation over all its nodes, and fraud decided.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct TrustView {
+    pub provider_id: i64,
+    pub bond_micros: i64,
+    /// none, bronze, silver or gold (docs/trust-policy.md § 2).
+    pub badge: String,
+    pub reputation: ReputationView,
+    pub gpus_offered: u32,
+    /// The gold badge's bond: $50 per GPU offered.
+    pub gold_bond_needed_micros: i64,
+    pub first_registered_at_us: Option<i64>,
+    pub last_fraud_at_us: Option<i64>,
+    pub nodes: Vec<NodeTrustView>,
+    pub frauds: Vec<FraudView>,
 }
 
 /// A lease as the agent receives it: everything needed to run the replica.

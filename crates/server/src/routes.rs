@@ -825,6 +825,7 @@ pub async fn heartbeat(
         leases: agent_leases_hinted(&state, signed.node_id).await?,
         heartbeat_interval_ms: state.config.heartbeat_interval_ms,
         heartbeat_timeout_ms: state.config.heartbeat_timeout_ms,
+        canaries: Vec::new(),
     }))
 }
 

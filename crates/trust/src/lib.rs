@@ -70,6 +70,7 @@
 //! `NonceCacheFull` → 503 (retry later with a new nonce).
 
 mod api_key;
+pub mod canary;
 mod error;
 mod fingerprint;
 mod nonce;
