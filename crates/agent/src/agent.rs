@@ -1,14 +1,14 @@
 //! The agent's loop: register once, then heartbeat with telemetry, follow the lease set by
 //! long-poll (versioned; heartbeat answers are not used for it), start replicas of new leases, stop those whose leases ended or moved to a newer
-//! epoch, stop preempted ones in their grace period, meter usage into signed records, and attest
-//! each replica's end.
+//! epoch, stop preempted ones in their grace period, meter usage into signed records, attest
+//! each replica's end, and run the coordinator's canary orders at low priority.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use api::{AgentLease, HeartbeatRequest, LeaseEventRequest, NodeRegistration, PolicyDoc};
+use api::{AgentLease, CanaryOrder, HeartbeatRequest, LeaseEventRequest, NodeRegistration, PolicyDoc};
 use tokio::sync::watch;
 use trust::NodeKey;
 
@@ -28,6 +28,15 @@ pub const LOG_CHUNK_BYTES: usize = 48 * 1024;
 pub const LOG_SETTLE: Duration = Duration::from_millis(200);
 /// How long the agent waits before asking again after the coordinator could not be reached.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The longest a canary may run, whatever its deadline says.
+pub const CANARY_RUN_MAX: Duration = Duration::from_secs(30 * 60);
+/// How many times a canary's result is sent before it is dropped (the coordinator then finds
+/// the canary unanswered).
+pub const CANARY_REPORT_ATTEMPTS_MAX: u32 = 5;
+/// Canary ids remembered as seen, so none runs twice; the oldest are forgotten first.
+pub const CANARY_IDS_REMEMBERED_MAX: usize = 4_096;
+/// The most canaries running at once (the coordinator orders one at a time).
+pub const CANARIES_RUNNING_MAX: usize = 16;
 
 /// What the agent is told at start.
 #[derive(Clone, Debug)]
@@ -53,6 +62,9 @@ pub struct AgentConfig {
     /// The `fallow` binary, started as `PROGRAM agent guard ...` beside each replica to stop it
     /// when this agent stops vouching for it (`crate::guard`); `None` starts no guards.
     pub guard_program: Option<PathBuf>,
+    /// The `fallow` binary, started as `PROGRAM canary run ...` for each canary order; `None`
+    /// runs `crate::canary::run_canary` on a blocking thread of this process instead.
+    pub canary_program: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +87,7 @@ struct Run<H> {
     started_ms: i64,
     /// Usage is metered up to here.
     metered_to_ms: i64,
+    /// The last usage record's sequence number (the first is the run's start in ms, plus one).
     sequence: i64,
     gpu_seconds_milli: i64,
     /// Thousandths of a GPU the lease holds in all.
@@ -85,6 +98,11 @@ struct Run<H> {
     log_sent: u64,
     /// The last progress reported: (count, unit).
     progress_sent: Option<(i64, String)>,
+    /// The utilisation (per mille) of the replica's GPUs at each heartbeat the coordinator took
+    /// since metering last moved, summed, and how many: a usage record claims their mean,
+    /// which is what the coordinator's copy of those heartbeats says too.
+    utilisation_sum_permille: i64,
+    utilisation_samples: i64,
 }
 
 /// The last complete `COUNT UNIT` line of a progress file.
@@ -133,9 +151,9 @@ fn read_log(path: &std::path::Path, offset: u64, max: usize) -> Option<(String, 
 
 pub struct Agent<E: Executor> {
     config: AgentConfig,
-    key: NodeKey,
+    key: Arc<NodeKey>,
     node_id: i64,
-    client: Client,
+    client: Arc<Client>,
     executor: Arc<E>,
     inventory: Inventory,
     runs: HashMap<i64, Run<E::Handle>>,
@@ -163,6 +181,12 @@ pub struct Agent<E: Executor> {
     /// When `tend` last began (ms): a frozen agent's replicas were stopped by their guards
     /// about a fence after it.
     tended_ms: i64,
+    /// Canaries running, by order id: each task runs the canary and, once it ends, hands its
+    /// result to a task of its own to report (so stopping a canary never stops a report).
+    canaries: HashMap<i64, (CanaryOrder, tokio::task::JoinHandle<()>)>,
+    /// Canary ids seen, oldest first (each runs at most once), with a set to look them up.
+    canaries_seen: std::collections::VecDeque<i64>,
+    canaries_seen_set: std::collections::HashSet<i64>,
 }
 
 /// The most usage records kept for a coordinator that cannot be reached (a day of one replica
@@ -235,9 +259,9 @@ impl<E: Executor> Agent<E> {
         let datasets = crate::datasets::DatasetCache::new(config.data_dir.join("datasets"), config.allow_file_datasets);
         Ok(Agent {
             config,
-            key,
+            key: Arc::new(key),
             node_id,
-            client,
+            client: Arc::new(client),
             executor: Arc::new(executor),
             inventory,
             runs: HashMap::new(),
@@ -252,6 +276,9 @@ impl<E: Executor> Agent<E> {
             tended_ms: 0,
             heartbeat_timeout: None,
             guards: Guards::default(),
+            canaries: HashMap::new(),
+            canaries_seen: std::collections::VecDeque::new(),
+            canaries_seen_set: std::collections::HashSet::new(),
         })
     }
 
@@ -326,10 +353,16 @@ impl<E: Executor> Agent<E> {
                         over_limit: self
                             .inventory
                             .over_limit(self.config.policy.thermal_limit_c, self.config.policy.power_limit_w),
+                        leases: Some(self.held_leases()),
                     };
                     match self.client.heartbeat(&self.key, self.node_id, &beat).await {
                         Ok(answer) => {
                             self.contact.send_replace(tokio::time::Instant::now());
+                            for run in self.runs.values_mut() {
+                                run.utilisation_sum_permille +=
+                                    self.inventory.utilisation_permille(&run.lease.lease.gpu_indices);
+                                run.utilisation_samples += 1;
+                            }
                             heartbeat_every = Duration::from_millis(answer.heartbeat_interval_ms.max(100));
                             self.heartbeat_timeout = (answer.heartbeat_timeout_ms > 0)
                                 .then(|| Duration::from_millis(answer.heartbeat_timeout_ms));
@@ -342,6 +375,7 @@ impl<E: Executor> Agent<E> {
                             // The lease set comes from the long poll alone: it is versioned,
                             // while a heartbeat answered late may carry an older set, which
                             // would stop a replica the newer one just started.
+                            self.start_canaries(answer.canaries);
                         }
                         Err(error) => tracing::warn!(%error, "heartbeat failed"),
                     }
@@ -353,6 +387,10 @@ impl<E: Executor> Agent<E> {
                 break;
             }
             self.tend().await;
+        }
+        for (id, (_, task)) in self.canaries.drain() {
+            tracing::info!(canary = id, "the agent stops; stopping the canary unreported");
+            task.abort();
         }
         // All at once: the agent stops within one grace period, however many replicas it runs.
         let leases: Vec<i64> = self.runs.keys().copied().collect();
@@ -367,6 +405,30 @@ impl<E: Executor> Agent<E> {
         self.save_runs();
         let _ = poller.await;
         Ok(())
+    }
+
+    /// The leases a heartbeat says this node holds: those it runs or is about to run (every
+    /// lease of the coordinator's set it follows), stops, or has not yet seen the end of taken.
+    /// A running lease missing here, with no attestation, was dropped (docs/trust-policy.md § 5).
+    fn held_leases(&self) -> Vec<i64> {
+        let mut held: Vec<i64> = self
+            .wanted
+            .iter()
+            .map(|lease| lease.lease.id)
+            .chain(self.runs.keys().copied())
+            .chain(self.stopping.keys().copied())
+            .chain(self.ended.iter().map(|(lease, _)| *lease))
+            .collect();
+        held.sort_unstable();
+        held.dedup();
+        held
+    }
+
+    /// Whether the coordinator has been silent for the fence: replicas stop, and none starts
+    /// until it answers again.
+    fn cut_off(&self) -> bool {
+        self.fence()
+            .is_some_and(|fence| self.contact.borrow().elapsed() >= fence.fence)
     }
 
     /// Makes what runs match the coordinator's lease set.
@@ -423,7 +485,14 @@ impl<E: Executor> Agent<E> {
                 self.launch_waiting = true;
                 continue;
             }
+            if self.cut_off() {
+                // A replica stopped at the fence starts again once the coordinator answers and
+                // still lists its lease.
+                self.launch_waiting = true;
+                continue;
+            }
             busy.extend(lease.lease.gpu_indices.iter().copied());
+            self.stop_canaries_on(&lease.lease.gpu_indices);
             self.launch(lease).await;
         }
         self.save_runs();
@@ -472,6 +541,10 @@ impl<E: Executor> Agent<E> {
         };
         if let Err(error) = self.report(lease, "staging", None, "").await {
             tracing::warn!(lease = id, %error, "could not report staging; not starting");
+            if !matches!(error, ClientError::Refused { .. }) {
+                // The coordinator could not be reached: try again.
+                self.launch_waiting = true;
+            }
             return;
         }
         for dataset in &job.datasets {
@@ -510,12 +583,18 @@ impl<E: Executor> Agent<E> {
                         handle,
                         started_ms: now,
                         metered_to_ms: now,
-                        sequence: 0,
+                        // Past every sequence an earlier run of this lease used (a replica
+                        // started again after a fence, or by a restarted agent): records are
+                        // taken once per (lease, sequence), and one fewer than a millisecond
+                        // apart never catches up with the clock.
+                        sequence: now,
                         gpu_seconds_milli: 0,
                         gpu_milli,
                         stopping: false,
                         log_sent: 0,
                         progress_sent: None,
+                        utilisation_sum_permille: 0,
+                        utilisation_samples: 0,
                     },
                 );
             }
@@ -599,6 +678,7 @@ impl<E: Executor> Agent<E> {
                 self.stop_in_background(run, grace);
             }
         }
+        self.launch_waiting = true;
     }
 
     /// Takes the replicas whose guard stopped them (this agent was frozen, or slow to hear from
@@ -614,6 +694,7 @@ impl<E: Executor> Agent<E> {
             if let Some(run) = self.runs.remove(&id) {
                 tracing::warn!(lease = id, "the replica's guard stopped it; leaving its lease as it is");
                 self.stop_in_background(run, fence.grace);
+                self.launch_waiting = true;
             }
         }
     }
@@ -631,6 +712,7 @@ impl<E: Executor> Agent<E> {
             self.send_unsent_usage().await;
         }
         self.stopping.retain(|_, (_, task)| !task.is_finished());
+        self.canaries.retain(|_, (_, task)| !task.is_finished());
         if self.launch_waiting {
             let wanted = self.wanted.clone();
             self.reconcile(&wanted).await;
@@ -681,6 +763,68 @@ impl<E: Executor> Agent<E> {
             self.report_progress(id).await;
         }
         self.save_runs();
+    }
+
+    /// Starts the canary orders not seen before. An order whose GPUs a replica holds, or whose
+    /// deadline passed, is dropped unreported: canaries give way to work, and the coordinator
+    /// orders another later.
+    fn start_canaries(&mut self, orders: Vec<CanaryOrder>) {
+        for order in orders {
+            if !self.canaries_seen_set.insert(order.id) {
+                continue;
+            }
+            self.canaries_seen.push_back(order.id);
+            if self.canaries_seen.len() > CANARY_IDS_REMEMBERED_MAX
+                && let Some(forgotten) = self.canaries_seen.pop_front()
+            {
+                self.canaries_seen_set.remove(&forgotten);
+            }
+            let busy = self
+                .runs
+                .values()
+                .flat_map(|run| run.lease.lease.gpu_indices.iter())
+                .chain(self.stopping.values().flat_map(|(gpus, _)| gpus.iter()))
+                .chain(self.canaries.values().flat_map(|(running, _)| running.gpus.iter()))
+                .any(|gpu| order.gpus.contains(gpu));
+            let run_for = Duration::from_millis(u64::try_from(order.deadline_ms - now_ms()).unwrap_or(0));
+            let why_not = if busy {
+                Some("its GPUs are busy")
+            } else if run_for.is_zero() {
+                Some("its deadline has passed")
+            } else if self.canaries.len() >= CANARIES_RUNNING_MAX {
+                Some("too many canaries run already")
+            } else {
+                None
+            };
+            if let Some(why_not) = why_not {
+                tracing::info!(canary = order.id, why_not, "not running a canary");
+                continue;
+            }
+            tracing::info!(canary = order.id, units = order.units, gpus = ?order.gpus, "running a canary");
+            let task = tokio::spawn(run_and_report_canary(
+                order.clone(),
+                self.config.canary_program.clone(),
+                self.inventory.simulated_device.clone(),
+                run_for.min(CANARY_RUN_MAX),
+                self.client.clone(),
+                self.key.clone(),
+                self.node_id,
+            ));
+            self.canaries.insert(order.id, (order, task));
+        }
+    }
+
+    /// Stops the canaries running on any of `gpus` (a lease needs them), unreported.
+    fn stop_canaries_on(&mut self, gpus: &[u8]) {
+        self.canaries.retain(|id, (order, task)| {
+            let in_the_way = order.gpus.iter().any(|gpu| gpus.contains(gpu)) && !task.is_finished();
+            if in_the_way {
+                tracing::info!(canary = id, "a lease needs the canary's GPUs; stopping it unreported");
+                // Dropping the run kills its child process (`kill_on_drop`).
+                task.abort();
+            }
+            !in_the_way
+        });
     }
 
     /// Reports replica `id`'s progress when its progress file says something new.
@@ -785,6 +929,12 @@ impl<E: Executor> Agent<E> {
         }
         let gpu_seconds_milli = run.gpu_milli * period_ms / 1000;
         run.sequence += 1;
+        let utilisation_permille = if run.utilisation_samples > 0 {
+            run.utilisation_sum_permille / run.utilisation_samples
+        } else {
+            self.inventory.utilisation_permille(&run.lease.lease.gpu_indices)
+        };
+        (run.utilisation_sum_permille, run.utilisation_samples) = (0, 0);
         let record = trust::UsageRecord {
             lease_id: id,
             epoch: run.lease.lease.epoch,
@@ -792,7 +942,7 @@ impl<E: Executor> Agent<E> {
             period_start_ms: run.metered_to_ms,
             period_end_ms: now,
             gpu_seconds_milli,
-            gpu_utilisation_permille: 0,
+            gpu_utilisation_permille: utilisation_permille,
             telemetry_digest: format!(
                 "blake3:{}",
                 blake3::hash(
@@ -885,6 +1035,123 @@ pub async fn rotate_key(data_dir: &std::path::Path, coordinator: &str) -> Result
     state::commit_pending_key(data_dir)?;
     tracing::info!(node = node.node_id, public_key = %new.public_hex(), "rotated the node's key");
     Ok(new.public_hex())
+}
+
+/// Runs a canary (the `fallow canary run` child, or in this process without a program), then
+/// hands its result to a task of its own to report. Aborting this task before the run ends
+/// kills the child and reports nothing.
+async fn run_and_report_canary(
+    order: CanaryOrder,
+    program: Option<PathBuf>,
+    simulated_device: Option<String>,
+    run_for: Duration,
+    client: Arc<Client>,
+    key: Arc<NodeKey>,
+    node_id: i64,
+) {
+    let id = order.id;
+    let ran = tokio::time::timeout(run_for, run_canary(&order, program, simulated_device)).await;
+    let output = match ran {
+        Ok(Ok(output)) => output,
+        Ok(Err(error)) => {
+            tracing::warn!(canary = id, %error, "the canary failed to run; not reporting it");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(canary = id, "the canary ran past its deadline; stopped, not reported");
+            return;
+        }
+    };
+    let result = crate::canary::result_of(&order, &output);
+    tokio::spawn(report_canary(result, client, key, node_id));
+}
+
+/// Runs one canary order and reads what it measured.
+async fn run_canary(
+    order: &CanaryOrder,
+    program: Option<PathBuf>,
+    simulated_device: Option<String>,
+) -> Result<crate::canary::CanaryOutput, String> {
+    let Some(program) = program else {
+        let work = crate::canary::CanaryWork {
+            seed: order.seed.clone(),
+            units: order.units,
+            gpus: order.gpus.clone(),
+            memory_mib: order.memory_mib,
+        };
+        let device = simulated_device.map_or(crate::canary::CanaryDevice::Cpu, crate::canary::CanaryDevice::Simulated);
+        /// Tells the run to stop when this future is dropped (the canary's task aborted).
+        struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for StopOnDrop {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let stop = StopOnDrop(Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let stop_flag = stop.0.clone();
+        let ran =
+            tokio::task::spawn_blocking(move || crate::canary::run_canary_until(&work, &device, &stop_flag)).await;
+        drop(stop);
+        return ran
+            .map_err(|error| error.to_string())?
+            .map_err(|error| error.to_string());
+    };
+    let gpus = order.gpus.iter().map(u8::to_string).collect::<Vec<_>>().join(",");
+    let mut command = tokio::process::Command::new(&program);
+    command
+        .args(["canary", "run", "--seed", &order.seed])
+        .args(["--units", &order.units.to_string()])
+        .args(["--gpus", &gpus])
+        .args(["--memory-mib", &order.memory_mib.to_string()])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    match &simulated_device {
+        Some(model) => command.env(crate::canary::SIMULATED_GPU_ENV, model),
+        None => command.env_remove(crate::canary::SIMULATED_GPU_ENV),
+    };
+    let output = command
+        .output()
+        .await
+        .map_err(|error| format!("{}: {error}", program.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "{} canary run: {}: {}",
+            program.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or("");
+    serde_json::from_str(line).map_err(|error| format!("the canary's output {line:?}: {error}"))
+}
+
+/// Sends a canary's signed result, again after a failure the coordinator may recover from; a
+/// refusal (4xx) is logged and dropped.
+async fn report_canary(result: trust::canary::CanaryResult, client: Arc<Client>, key: Arc<NodeKey>, node_id: i64) {
+    let id = result.canary_id;
+    for attempt in 1..=CANARY_REPORT_ATTEMPTS_MAX {
+        match client.canary_result(&key, node_id, &result).await {
+            Ok(finding) => {
+                tracing::info!(canary = id, %finding, rate_milli = result.rate_milli, "canary reported");
+                return;
+            }
+            Err(ClientError::Refused { status, message }) if (400..500).contains(&status) => {
+                tracing::warn!(canary = id, status, %message, "the canary's result was refused");
+                return;
+            }
+            Err(error @ ClientError::BadAnswer(_)) => {
+                // It was taken; sending it again would only be refused as a duplicate.
+                tracing::warn!(canary = id, %error, "the canary's result was taken, its finding not read");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(canary = id, attempt, %error, "the canary's result waits to be sent again");
+                tokio::time::sleep(RETRY_AFTER * attempt).await;
+            }
+        }
+    }
+    tracing::warn!(canary = id, "the canary's result could not be sent; dropped");
 }
 
 /// Writes a byte to every guard each time the agent hears from the coordinator, until the agent

@@ -265,6 +265,32 @@ impl Client {
         Ok(accepted.charged_micros)
     }
 
+    /// Reports a canary's result, signed by the node's key over its body; returns the
+    /// coordinator's finding (passed, wrong_answer or slow).
+    pub async fn canary_result(
+        &self,
+        key: &NodeKey,
+        node_id: i64,
+        result: &trust::canary::CanaryResult,
+    ) -> Result<String, ClientError> {
+        #[derive(serde::Deserialize)]
+        struct Finding {
+            finding: String,
+        }
+        let signed = crate::canary::signed_wire(trust::sign_record(key, node_id, result));
+        let answer: Finding = self
+            .signed(
+                key,
+                node_id,
+                reqwest::Method::POST,
+                "/v1/agent/canaries",
+                Some(&signed),
+                self.request_timeout(),
+            )
+            .await?;
+        Ok(answer.finding)
+    }
+
     pub async fn attest(
         &self,
         key: &NodeKey,

@@ -71,6 +71,10 @@ pub struct Inventory {
     pub model: String,
     pub simulated: bool,
     pub detected_by: DetectedBy,
+    /// The catalog model of the simulated physical device (what a canary runs on and paces
+    /// itself like); `None` for real GPUs. An honest agent's is its `model`, the claim it
+    /// registers.
+    pub simulated_device: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -380,6 +384,7 @@ pub fn inventory_of(detected: Detected) -> Result<Inventory, GpuError> {
             gpus,
             simulated: false,
             detected_by,
+            simulated_device: None,
         }),
         _ => Err(GpuError::MixedModels(models.join(", "))),
     }
@@ -422,6 +427,7 @@ pub fn simulated(text: &str, known: impl Fn(&str) -> bool) -> Result<Inventory, 
         model: model.to_string(),
         simulated: true,
         detected_by: DetectedBy::Simulated,
+        simulated_device: Some(model.to_string()),
     })
 }
 
@@ -441,6 +447,22 @@ impl Inventory {
             })
             .collect();
         trust::fingerprint(&identities)
+    }
+
+    /// The mean utilisation of GPUs `indices` in their latest readings, per mille (0–1000);
+    /// 0 when none of them is known. Simulated GPUs read 0.
+    pub fn utilisation_permille(&self, indices: &[u8]) -> i64 {
+        let readings: Vec<f64> = self
+            .gpus
+            .iter()
+            .filter(|gpu| indices.contains(&gpu.index))
+            .map(|gpu| gpu.utilisation_pct.clamp(0.0, 100.0))
+            .collect();
+        if readings.is_empty() {
+            return 0;
+        }
+        let mean_pct = readings.iter().sum::<f64>() / readings.len() as f64;
+        (mean_pct * 10.0).round() as i64
     }
 
     pub fn telemetry(&self) -> Vec<GpuTelemetry> {
@@ -630,6 +652,7 @@ mod tests {
         );
         let inventory = smi_inventory(SMI);
         assert_eq!((inventory.model.as_str(), inventory.simulated), ("H100-SXM5", false));
+        assert_eq!(inventory.simulated_device, None, "real GPUs are no simulated device");
         assert_eq!(inventory.detected_by, DetectedBy::NvidiaSmi);
         assert_eq!(
             parse_smi("0, GPU-x, NVIDIA H100, 81559\n"),
@@ -642,6 +665,25 @@ mod tests {
             parse_smi(&SMI.replace("81559", "lots")),
             Err(GpuError::BadSmiOutput { line: 1, .. })
         ));
+    }
+
+    #[test]
+    fn a_leases_utilisation_is_the_mean_of_its_gpus() {
+        let mut inventory = smi_inventory(SMI);
+        inventory.gpus[0].utilisation_pct = 90.0;
+        inventory.gpus[1].utilisation_pct = 45.5;
+        assert_eq!(inventory.utilisation_permille(&[0]), 900);
+        assert_eq!(inventory.utilisation_permille(&[0, 1]), 678, "(900 + 455) / 2, rounded");
+        assert_eq!(
+            inventory.utilisation_permille(&[1, 7]),
+            455,
+            "a GPU not read counts for nothing"
+        );
+        assert_eq!(inventory.utilisation_permille(&[]), 0);
+        inventory.gpus[0].utilisation_pct = 250.0;
+        assert_eq!(inventory.utilisation_permille(&[0]), 1000, "at most 1000");
+        let simulated = simulated("H100-SXM5:2", |_| true).unwrap();
+        assert_eq!(simulated.utilisation_permille(&[0, 1]), 0);
     }
 
     #[test]
@@ -682,6 +724,7 @@ mod tests {
         assert!(inventory.simulated);
         assert_eq!(inventory.detected_by, DetectedBy::Simulated);
         assert_eq!(inventory.gpus.len(), 4);
+        assert_eq!(inventory.simulated_device.as_deref(), Some("H100-SXM5"));
         let mut refreshed = inventory.clone();
         refreshed.refresh();
         assert_eq!(refreshed, inventory, "simulated GPUs are never re-read");

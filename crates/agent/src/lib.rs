@@ -4,6 +4,7 @@
 //! records and a completion attestation, and acts only on a lease's newest epoch.
 
 pub mod agent;
+pub mod canary;
 pub mod client;
 pub mod datasets;
 pub mod exec;

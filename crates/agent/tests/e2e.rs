@@ -64,6 +64,8 @@ async fn world_with(configure: impl FnOnce(&mut server::Config)) -> World {
         listen: "127.0.0.1:0".into(),
         data_dir: dir.join("coordinator"),
         heartbeat_interval_ms: 500,
+        // New providers have no badge; these tests run gold work (the trust tests ask for one).
+        gold_needs_badge: false,
         ..server::Config::default()
     };
     configure(&mut config);
@@ -137,6 +139,7 @@ fn agent_config_via(world: &World, name: &str, coordinator: &str) -> AgentConfig
         grace: Duration::from_secs(2),
         allow_file_datasets: true,
         guard_program: None,
+        canary_program: None,
     }
 }
 

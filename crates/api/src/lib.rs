@@ -376,6 +376,12 @@ pub struct HeartbeatRequest {
     /// Over the provider's thermal or power limit: take no new work.
     #[serde(default)]
     pub over_limit: bool,
+    /// The leases the node runs or is about to run (the coordinator's lease set as it follows
+    /// it), and those it is stopping or has yet to report the end of. A running lease missing
+    /// from several heartbeats in a row, with no attestation, was dropped
+    /// (docs/trust-policy.md § 5). `None` from agents that do not say.
+    #[serde(default)]
+    pub leases: Option<Vec<i64>>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Default)]
@@ -429,6 +435,16 @@ pub struct CanaryOrder {
 pub struct SignedCanaryResult {
     pub body: CanaryResultBody,
     pub signature_hex: String,
+}
+
+/// What the coordinator found in a canary's result.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct CanaryAccepted {
+    /// passed, wrong_answer or slow.
+    pub finding: String,
+    /// The fraud this result proved (docs/trust-policy.md § 3), if it did.
+    #[serde(default)]
+    pub fraud: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]

@@ -275,6 +275,8 @@ fn agent_config(
         allow_file_datasets: false,
         // This binary, as every replica's guard.
         guard_program: Some(std::env::current_exe().context("finding the fallow binary, for the replicas' guards")?),
+        // This binary again, as `fallow canary run` for the coordinator's canary orders.
+        canary_program: Some(std::env::current_exe().context("finding the fallow binary, for canaries")?),
     })
 }
 

@@ -48,6 +48,11 @@ pub fn run(args: DevArgs) -> anyhow::Result<()> {
         heartbeat_timeout_ms: 10_000,
         // Simulated devices are billed with play money here, so costs show.
         bill_simulated: true,
+        // The demo provider is new: without this no gold job would ever place. Canaries still
+        // run (the first within a minute, a few seconds long), so the trust pages show them.
+        gold_needs_badge: false,
+        canary_seconds: 5,
+        canary_within_ms: 60_000,
         ..server::Config::default()
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

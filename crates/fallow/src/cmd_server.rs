@@ -31,6 +31,17 @@ pub struct ServerArgs {
     /// them its bronze work is preempted.
     #[arg(long, default_value_t = 60_000)]
     over_limit_preempt_after_ms: u64,
+    /// Let gold work go to any node, not only to gold-badge providers' (docs/trust-policy.md
+    /// § 2): for trials and tests, where no provider has a badge's month of history yet.
+    #[arg(long)]
+    gold_without_badge: bool,
+    /// How long a canary runs on the claimed GPU model (docs/trust-policy.md § 3).
+    #[arg(long, default_value_t = 30)]
+    canary_seconds: u64,
+    /// A canary comes within this long of a node's registration, a hardware change or an
+    /// unanswered canary (the policy's hour; shorter for trials and tests).
+    #[arg(long, default_value_t = 3_600_000)]
+    canary_within_ms: u64,
 }
 
 pub fn init_logging() {
@@ -59,6 +70,9 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         heartbeat_interval_ms: args.heartbeat_interval_ms,
         bill_simulated: args.bill_simulated,
         over_limit_preempt_after_ms: args.over_limit_preempt_after_ms,
+        gold_needs_badge: !args.gold_without_badge,
+        canary_seconds: args.canary_seconds.clamp(1, 3_600),
+        canary_within_ms: args.canary_within_ms,
         ..server::Config::default()
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

@@ -4,6 +4,7 @@ mod cli;
 mod cmd_agent;
 mod cmd_bench;
 mod cmd_bench_api;
+mod cmd_canary;
 mod cmd_dev;
 mod cmd_server;
 mod cmd_sim;
@@ -48,6 +49,9 @@ enum Command {
     /// Benchmarks of the matching engine (JSON on stdout).
     #[command(subcommand)]
     Bench(cmd_bench::BenchCommand),
+    /// Providers: the canary, a known-answer benchmark the coordinator orders on nodes.
+    #[command(subcommand)]
+    Canary(cmd_canary::CanaryCommand),
     /// The coordinator: HTTP API, store and reconcile loop.
     Server(cmd_server::ServerArgs),
     /// Simulations that drive the real matcher in virtual time.
@@ -68,6 +72,7 @@ fn main() -> ExitCode {
         Command::Dev(args) => cmd_dev::run(args),
         Command::Agent(args) => cmd_agent::run(args),
         Command::Bench(command) => cmd_bench::run(command),
+        Command::Canary(command) => cmd_canary::run(command),
         Command::Server(args) => cmd_server::run(args),
         Command::Sim(command) => cmd_sim::run(command),
     };

@@ -114,10 +114,20 @@ impl Table {
     }
 }
 
+/// Heartbeats whose GPU utilisation is kept per node, for the usage cross-check
+/// (docs/trust-policy.md § 4): enough to cover a usage record's period several times over.
+pub const UTILISATION_SAMPLES_KEPT: usize = 8;
+/// A heartbeat's time and each GPU's utilisation in percent ([`NOT_READ`] where it said nothing).
+type UtilisationSample = (i64, [u8; 16]);
+/// A GPU a heartbeat did not report on.
+const NOT_READ: u8 = u8::MAX;
+
 #[derive(Default)]
 pub struct Beats {
     table: Mutex<Table>,
     urgent: tokio::sync::Notify,
+    /// Per node, its last heartbeats' time and each GPU's utilisation in percent.
+    utilisation: Mutex<HashMap<i64, VecDeque<UtilisationSample>>>,
 }
 
 impl Beats {
@@ -181,6 +191,50 @@ impl Beats {
             None if over => OverLimitChange::Changed,
             None => OverLimitChange::Unchanged,
         }
+    }
+
+    /// Keeps the GPU utilisation a heartbeat of `node` reported at `at`.
+    pub fn note_utilisation(&self, node: i64, at: i64, gpus: &[api::GpuTelemetry]) {
+        if gpus.is_empty() {
+            return;
+        }
+        let mut percent = [NOT_READ; 16];
+        for gpu in gpus {
+            if let Some(slot) = percent.get_mut(usize::from(gpu.index)) {
+                *slot = gpu.utilisation_pct.clamp(0.0, 100.0).round() as u8;
+            }
+        }
+        let mut kept = self.utilisation.lock().expect("utilisation lock");
+        let samples = kept.entry(node).or_default();
+        if samples.len() >= UTILISATION_SAMPLES_KEPT {
+            samples.pop_front();
+        }
+        samples.push_back((at, percent));
+    }
+
+    /// The highest mean utilisation of `gpus` (per mille) among the heartbeats of `node` this
+    /// replica took from `from` to `to` that read all of them, when there are at least
+    /// `at_least` of those.
+    pub fn utilisation_over(&self, node: i64, gpus: &[u8], (from, to): (i64, i64), at_least: usize) -> Option<i64> {
+        if gpus.is_empty() {
+            return None;
+        }
+        let kept = self.utilisation.lock().expect("utilisation lock");
+        let means: Vec<i64> = kept
+            .get(&node)?
+            .iter()
+            .filter(|(at, _)| (from..=to).contains(at))
+            .filter_map(|(_, percent)| {
+                let read: Vec<i64> = gpus
+                    .iter()
+                    .map(|gpu| percent.get(usize::from(*gpu)).copied().unwrap_or(NOT_READ))
+                    .take_while(|value| *value != NOT_READ)
+                    .map(i64::from)
+                    .collect();
+                (read.len() == gpus.len()).then(|| read.iter().sum::<i64>() * 10 / gpus.len() as i64)
+            })
+            .collect();
+        (means.len() >= at_least).then(|| means.into_iter().max().unwrap_or(0))
     }
 
     /// The last heartbeat this replica took from `node`: its time and telemetry (JSON).
@@ -313,6 +367,56 @@ mod tests {
             Some("fp"),
             datasets.map(str::to_string),
             PERSIST,
+        );
+    }
+
+    #[test]
+    fn utilisation_is_read_over_a_period_when_enough_heartbeats_fall_in_it() {
+        let beats = Beats::default();
+        let gpu = |index: u8, pct: f64| api::GpuTelemetry {
+            index,
+            utilisation_pct: pct,
+            ..api::GpuTelemetry::default()
+        };
+        for (at, busy) in [(10, 0.0), (20, 1.0), (30, 90.0), (40, 0.4)] {
+            beats.note_utilisation(7, at, &[gpu(0, busy), gpu(1, 50.0)]);
+        }
+        assert_eq!(
+            beats.utilisation_over(7, &[0], (10, 20), 2),
+            Some(10),
+            "1 % is 10 per mille"
+        );
+        assert_eq!(
+            beats.utilisation_over(7, &[0], (10, 40), 3),
+            Some(900),
+            "the highest heartbeat"
+        );
+        assert_eq!(
+            beats.utilisation_over(7, &[0, 1], (40, 40), 1),
+            Some(250),
+            "the mean of the GPUs"
+        );
+        assert_eq!(beats.utilisation_over(7, &[0], (10, 20), 3), None, "too few heartbeats");
+        assert_eq!(beats.utilisation_over(8, &[0], (0, 100), 1), None, "a node not heard");
+        assert_eq!(
+            beats.utilisation_over(7, &[2], (0, 100), 1),
+            None,
+            "a GPU never reported"
+        );
+        beats.note_utilisation(9, 10, &[]);
+        assert_eq!(
+            beats.utilisation_over(9, &[0], (0, 100), 1),
+            None,
+            "a heartbeat without telemetry"
+        );
+        for at in 100..120 {
+            beats.note_utilisation(7, at, &[gpu(0, 0.0)]);
+        }
+        assert_eq!(beats.utilisation_over(7, &[0], (0, 1000), 1), Some(0));
+        assert_eq!(
+            beats.utilisation.lock().unwrap()[&7].len(),
+            UTILISATION_SAMPLES_KEPT,
+            "only the last heartbeats are kept"
         );
     }
 

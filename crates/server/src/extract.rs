@@ -90,6 +90,29 @@ pub struct Signed<T, const IDEMPOTENT: bool = false> {
     pub node_id: i64,
     pub provider_id: i64,
     pub body: T,
+    /// The signing headers and the body as sent: with the method and path, enough for anyone
+    /// to check the signature again (kept as evidence where the request is).
+    pub headers: trust::SignedHeaders,
+    pub raw_body: String,
+}
+
+impl<T, const IDEMPOTENT: bool> Signed<T, IDEMPOTENT> {
+    /// The request as evidence: what was signed, and the signature.
+    pub fn evidence(&self, method: &str, path: &str) -> serde_json::Value {
+        serde_json::json!({
+            "method": method,
+            "path": path,
+            "timestamp_ms": self.headers.timestamp_ms,
+            "nonce": self.headers.nonce,
+            "signature_hex": self.headers.signature_hex,
+            "body": self.raw_body,
+        })
+    }
+
+    /// How far the node's clock is ahead of the coordinator's (ms), from when it signed.
+    pub fn clock_offset_ms(&self, now_us: i64) -> i64 {
+        self.headers.timestamp_ms - now_us / 1000
+    }
 }
 
 impl<T: DeserializeOwned, const IDEMPOTENT: bool> FromRequest<Arc<AppState>> for Signed<T, IDEMPOTENT> {
@@ -128,12 +151,22 @@ impl<T: DeserializeOwned, const IDEMPOTENT: bool> FromRequest<Arc<AppState>> for
             return Err(error.into());
         }
         state.rate_limit(true, node_id)?;
-        state
-            .nonce_cache
-            .lock()
-            .expect("nonce cache lock")
-            .check_and_remember(node_id, &headers.nonce, headers.timestamp_ms, now_ms)
-            .inspect_err(|_| Metrics::add(&state.metrics.signatures_refused, 1))?;
+        let remembered = state.nonce_cache.lock().expect("nonce cache lock").check_and_remember(
+            node_id,
+            &headers.nonce,
+            headers.timestamp_ms,
+            now_ms,
+        );
+        if let Err(error) = remembered {
+            Metrics::add(&state.metrics.signatures_refused, 1);
+            if matches!(error, trust::TrustError::Replayed) {
+                let _ = state
+                    .store
+                    .record_evidence(Some(node_id), "replayed_nonce", &format!("{method} {path}"), now_us())
+                    .await;
+            }
+            return Err(error.into());
+        }
         let fresh = IDEMPOTENT
             || state
                 .nonces
@@ -156,6 +189,8 @@ impl<T: DeserializeOwned, const IDEMPOTENT: bool> FromRequest<Arc<AppState>> for
             node_id,
             provider_id: identity.provider_id,
             body,
+            headers,
+            raw_body: String::from_utf8_lossy(&bytes).into_owned(),
         })
     }
 }

@@ -4,16 +4,20 @@
 
 mod batch;
 mod beats;
+mod canaries;
 mod dashboard;
 mod error;
 mod extract;
+mod fraud;
 mod lease_hints;
 mod metrics;
 mod money;
 mod openapi;
 pub mod reconcile;
+mod reputation;
 mod routes;
 mod state;
+mod trust_routes;
 mod view;
 mod views;
 
@@ -60,6 +64,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/agent/leases/{id}/progress", post(routes::lease_progress))
         .route("/v1/agent/usage", post(routes::report_usage))
         .route("/v1/agent/attestations", post(routes::attest))
+        .route("/v1/agent/canaries", post(trust_routes::canary_result))
+        .route("/v1/trust", get(trust_routes::trust))
+        .route("/v1/frauds", get(trust_routes::frauds))
+        .route("/v1/provider/bond", post(trust_routes::post_bond))
+        .route("/v1/admin/bonds", post(trust_routes::admin_bond))
+        .route("/v1/nodes/{id}/canaries", get(trust_routes::node_canaries))
+        .route("/v1/nodes/{id}/verify", post(trust_routes::verify_node))
         .route(
             "/v1/admin/accounts",
             post(routes::create_account).get(routes::list_accounts),

@@ -14,6 +14,7 @@ use model::{GpuCatalog, Micros, Tier};
 use store::{JobState, LeaseState, NewLease, PlacementWrite};
 
 use crate::error::ApiError;
+use crate::reputation::NodeFacts;
 use crate::state::{AppState, Metrics, RECONCILE_JOBS_MAX, now_us};
 use crate::view::FleetView;
 
@@ -28,18 +29,12 @@ async fn build_view(state: &AppState) -> Result<FleetView, ApiError> {
     let version = state.store.nodes_version().await?;
     let nodes = state.store.nodes().await?;
     let leases = state.store.live_leases().await?;
-    let outcomes: HashMap<i64, (u64, u64)> = state
-        .store
-        .outcome_counts()
-        .await?
-        .into_iter()
-        .map(|(node, ok, faults)| (node, (ok.max(0) as u64, faults.max(0) as u64)))
-        .collect();
+    let standings = crate::reputation::standings(state, &NodeFacts::all(&nodes), now_us()).await?;
     Metrics::add(&state.metrics.rebuilds, 1);
     Ok(FleetView::build(
         nodes,
         &leases,
-        &outcomes,
+        &standings,
         version,
         state.config.matcher.clone(),
     ))
@@ -168,7 +163,14 @@ pub struct Cursor {
     pub silence_checked_at: i64,
     /// When this replica began to lead: it finds no node silent for a heartbeat timeout after.
     pub led_since: i64,
+    /// When the last pass looked whether reputations or gold eligibility moved.
+    pub trust_checked_at: i64,
+    /// When the last pass looked whether canaries are due.
+    pub canaries_checked_at: i64,
 }
+
+/// How often the leader looks whether reputations moved enough to build its view again.
+pub const TRUST_CHECK_EVERY_US: i64 = 30_000_000;
 
 /// The longest gap between two looks for silent nodes (a scan of the nodes table); never more
 /// than a quarter of the heartbeat timeout.
@@ -184,12 +186,29 @@ fn record_lease(state: &AppState, view: &mut FleetView, record: &store::LeaseRec
 pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i64, String>) -> Result<(), ApiError> {
     let now = now_us();
     let version = state.store.nodes_version().await?;
-    let rebuild = state
+    let mut rebuild = state
         .view
         .lock()
         .await
         .as_ref()
         .is_none_or(|view| view.version != version);
+    if !rebuild && now - cursor.trust_checked_at >= TRUST_CHECK_EVERY_US {
+        cursor.trust_checked_at = now;
+        let facts = state
+            .view
+            .lock()
+            .await
+            .as_ref()
+            .map(|view| NodeFacts::all(&view.records))
+            .unwrap_or_default();
+        let standings = crate::reputation::standings(state, &facts, now).await?;
+        rebuild = state
+            .view
+            .lock()
+            .await
+            .as_ref()
+            .is_none_or(|view| view.trust_moved(&standings));
+    }
     if rebuild {
         // Everything that changes after `now` is read again below; applying it twice is harmless.
         let built = build_view(state).await?;
@@ -288,7 +307,58 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
             crate::routes::settle_job(state, ended.job_id).await?;
         }
     }
-    place_queued(state, now, reasons).await
+    place_queued(state, now, reasons).await?;
+    // After the placements: canaries take only the GPUs work left idle.
+    trust_duties(state, cursor, now).await
+}
+
+/// The leader's share of the trust policy (docs/trust-policy.md): canaries that are due, and
+/// the committed window hours that reputation counts.
+async fn trust_duties(state: &AppState, cursor: &mut Cursor, now: i64) -> Result<(), ApiError> {
+    let check_every = micros(state.config.canary_check_every_ms);
+    let canaries_due = now - cursor.canaries_checked_at >= check_every;
+    let window_due = state.window_hours.lock().expect("window hours lock").sample_due(now);
+    if !canaries_due && !window_due {
+        return Ok(());
+    }
+    if canaries_due {
+        let facts = state
+            .view
+            .lock()
+            .await
+            .as_ref()
+            .map(|view| NodeFacts::all(&view.records))
+            .unwrap_or_default();
+        let step = if cursor.canaries_checked_at == 0 {
+            check_every
+        } else {
+            now - cursor.canaries_checked_at
+        };
+        cursor.canaries_checked_at = now;
+        crate::canaries::schedule(state, &facts, step, now).await?;
+    }
+    if window_due {
+        let now_s = now / 1_000_000;
+        let outcomes = {
+            let view = state.view.lock().await;
+            let Some(view) = view.as_ref() else { return Ok(()) };
+            let mut hours = state.window_hours.lock().expect("window hours lock");
+            hours.sample(
+                view.records
+                    .iter()
+                    .zip(view.matcher.nodes())
+                    .map(|(record, node)| (record.id, node.policy.available_until(now_s).is_some(), record.online)),
+                now,
+            );
+            hours.take_due(now)
+        };
+        state.store.record_outcomes(&outcomes).await?;
+    }
+    Ok(())
+}
+
+fn micros(ms: u64) -> i64 {
+    i64::try_from(ms).map_or(i64::MAX, |ms| ms.saturating_mul(1000))
 }
 
 /// How often a pass looks for nodes that have been over their limits long enough.
@@ -339,54 +409,79 @@ async fn lose_silent_nodes(state: &AppState, now: i64) -> Result<(), ApiError> {
             continue;
         }
         tracing::warn!(node, "node went silent; its leases are lost");
-        let freed = match state.view.lock().await.as_mut() {
-            Some(view) => view.set_online(node, false),
-            None => Vec::new(),
+        let (freed, in_window) = match state.view.lock().await.as_mut() {
+            Some(view) => {
+                // An absence begins at the node's last heartbeat, a timeout ago.
+                let in_window = view.dense.get(&node).is_some_and(|dense| {
+                    view.matcher.nodes()[dense.index()]
+                        .policy
+                        .available_until(cutoff / 1_000_000)
+                        .is_some()
+                });
+                (view.set_online(node, false), in_window)
+            }
+            None => (Vec::new(), false),
         };
         state.store.record_outcome(node, "node_fault", now).await?;
-        let mut jobs = Vec::new();
-        for lease in state.store.live_leases_of_node(node).await? {
-            if state
-                .store
-                .end_lease(lease.id, LeaseState::Lost, "node stopped sending heartbeats", now)
-                .await?
-                .is_some()
-            {
-                Metrics::add(&state.metrics.leases_lost, 1);
-                jobs.push(lease.job_id);
-                if lease.lease.tier == Tier::Gold.name() {
-                    credit_sla_breach(state, &lease, now).await?;
-                }
-            }
-        }
-        jobs.dedup();
+        let jobs = lose_leases_of_node(state, node, "node stopped sending heartbeats", now).await?;
+        let mut unrepaired = Vec::new();
         for job in jobs {
             let lost: Vec<model::Lease> = freed
                 .iter()
                 .filter(|lease| lease.job.0 == job as u64)
                 .cloned()
                 .collect();
-            if repair_gang(state, job, &lost, now).await? {
-                continue;
+            if !repair_gang(state, job, &lost, now).await? {
+                unrepaired.push(job);
             }
-            // A gang that cannot be repaired restarts whole: its surviving replicas stop and
-            // the job queues again.
-            for lease in state.store.leases_of_job(job).await? {
-                if lease.state.is_live()
-                    && let Some(ended) = state
-                        .store
-                        .end_lease(lease.id, LeaseState::Cancelled, "a replica of the gang was lost", now)
-                        .await?
-                    && let Some(view) = state.view.lock().await.as_mut()
-                {
-                    view.release(ended.id);
-                }
-            }
-            state
-                .store
-                .requeue_job(job, "its node went silent; queued again", now)
-                .await?;
         }
+        restart_jobs(state, &unrepaired, "its node went silent; queued again", now).await?;
+        if in_window && let Some(record) = state.store.node(node).await? {
+            crate::fraud::absence(state, &record, cutoff, now).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Ends every live lease of `node` as lost (`reason`), crediting gold tenants for the breach;
+/// returns the jobs they belonged to, each once.
+pub async fn lose_leases_of_node(state: &AppState, node: i64, reason: &str, now: i64) -> Result<Vec<i64>, ApiError> {
+    let mut jobs = Vec::new();
+    for lease in state.store.live_leases_of_node(node).await? {
+        if state
+            .store
+            .end_lease(lease.id, LeaseState::Lost, reason, now)
+            .await?
+            .is_some()
+        {
+            Metrics::add(&state.metrics.leases_lost, 1);
+            jobs.push(lease.job_id);
+            if lease.lease.tier == Tier::Gold.name() {
+                credit_sla_breach(state, &lease, now).await?;
+            }
+        }
+    }
+    jobs.sort_unstable();
+    jobs.dedup();
+    Ok(jobs)
+}
+
+/// Restarts jobs whole after a replica was lost: their surviving replicas stop and each job
+/// queues again (`reason`).
+pub async fn restart_jobs(state: &AppState, jobs: &[i64], reason: &str, now: i64) -> Result<(), ApiError> {
+    for &job in jobs {
+        for lease in state.store.leases_of_job(job).await? {
+            if lease.state.is_live()
+                && let Some(ended) = state
+                    .store
+                    .end_lease(lease.id, LeaseState::Cancelled, "a replica of the gang was lost", now)
+                    .await?
+                && let Some(view) = state.view.lock().await.as_mut()
+            {
+                view.release(ended.id);
+            }
+        }
+        state.store.requeue_job(job, reason, now).await?;
     }
     Ok(())
 }
@@ -543,12 +638,12 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
                 Err(unplaced) if spec.tier != Tier::Bronze => match view.matcher.plan_preemption(&spec, now_s) {
                     Ok(plan) => (plan.placement.clone(), plan.victims.clone()),
                     Err(_) => {
-                        reason_updates.push((job.id, format!("waiting: {unplaced}")));
+                        reason_updates.push((job.id, waiting(state, &spec, &unplaced)));
                         continue;
                     }
                 },
                 Err(unplaced) => {
-                    reason_updates.push((job.id, format!("waiting: {unplaced}")));
+                    reason_updates.push((job.id, waiting(state, &spec, &unplaced)));
                     continue;
                 }
             };
@@ -671,6 +766,19 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
         reasons.extend(reason_updates);
     }
     Ok(())
+}
+
+/// Why a job waits, in words: the matcher's account, and for gold work the rule that narrows
+/// where it may go.
+fn waiting(state: &AppState, spec: &model::JobSpec, unplaced: &impl std::fmt::Display) -> String {
+    if spec.tier == Tier::Gold && state.config.gold_needs_badge {
+        format!(
+            "waiting: {unplaced}; gold work goes only to nodes of gold-badge providers whose last canary passed \
+             (docs/trust-policy.md § 2)"
+        )
+    } else {
+        format!("waiting: {unplaced}")
+    }
 }
 
 fn new_leases(

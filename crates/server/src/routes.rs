@@ -25,7 +25,7 @@ use crate::views::{job_request, job_view, lease_view, node_view};
 
 type AppStateRef = State<Arc<AppState>>;
 
-fn require(caller: &Caller, roles: &[Role]) -> ApiResult<()> {
+pub(crate) fn require(caller: &Caller, roles: &[Role]) -> ApiResult<()> {
     if roles.contains(&caller.role) {
         Ok(())
     } else {
@@ -488,7 +488,8 @@ pub async fn invoice(
                 usage -= sum;
             }
             "sla_credit" => credits += sum,
-            "refund" => refunds += sum,
+            // A slash's entries on the tenant's account are what it paid the tenant back.
+            "refund" | "slash" => refunds += sum,
             "deposit" => payments += sum,
             _ => {}
         }
@@ -538,7 +539,7 @@ async fn usage_job(state: &AppState, key: &str) -> ApiResult<i64> {
 
 // ---------------------------------------------------------------- providers
 
-fn check_name(field: &str, value: &str, required: bool) -> ApiResult<()> {
+pub(crate) fn check_name(field: &str, value: &str, required: bool) -> ApiResult<()> {
     if required && value.trim().is_empty() {
         return Err(ApiError::BadRequest(format!("{field}: must not be empty")));
     }
@@ -637,11 +638,11 @@ pub async fn register_node(
     state.wake.notify_one();
     Ok((
         StatusCode::CREATED,
-        Json(node_view(&record, crate::view::reliability(0, 0), 0, 0)),
+        Json(node_view(&record, trust::rules::Reputation::default().score(), 0, 0)),
     ))
 }
 
-async fn own_node(state: &AppState, caller: &Caller, id: i64) -> ApiResult<store::NodeRecord> {
+pub(crate) async fn own_node(state: &AppState, caller: &Caller, id: i64) -> ApiResult<store::NodeRecord> {
     match state.store.node(id).await? {
         Some(node) if caller.role == Role::Admin || node.node.provider_id == caller.account_id => Ok(node),
         _ => Err(ApiError::NotFound(format!("node {id} not found"))),
@@ -650,11 +651,10 @@ async fn own_node(state: &AppState, caller: &Caller, id: i64) -> ApiResult<store
 
 async fn full_node_view(state: &AppState, record: &store::NodeRecord) -> ApiResult<NodeView> {
     let live = state.store.live_leases_of_node(record.id).await?.len() as i64;
-    let outcomes = state.store.outcomes(record.id, 0).await?;
-    let ok = outcomes.iter().filter(|(outcome, _)| outcome == "ok").count() as u64;
-    let faults = outcomes.len() as u64 - ok;
-    let mut view = node_view(record, crate::view::reliability(ok, faults), live, 0);
-    view.reputation = Some(crate::views::reputation_view(&outcomes, now_us()));
+    crate::reputation::catch_up(state).await?;
+    let reputation = state.reputations.lock().await.node(record.id, now_us() / 1000);
+    let mut view = node_view(record, reputation.score(), live, 0);
+    view.reputation = Some(crate::views::reputation_view(&reputation));
     // This replica may have heard the node since the store did (see `beats`).
     if let Some((at, telemetry)) = state.beats.last(record.id)
         && record.last_heartbeat_at.is_none_or(|stored| stored < at)
@@ -820,12 +820,35 @@ pub async fn heartbeat(
                 .await?;
         }
     }
+    state.beats.note_utilisation(signed.node_id, now, &request.gpus);
     Metrics::add(&state.metrics.heartbeats, 1);
+    let mut leases = agent_leases_hinted(&state, signed.node_id).await?;
+    if let Some(held) = &request.leases {
+        if held.len() > 4096 {
+            return Err(ApiError::BadRequest("leases: at most 4,096".into()));
+        }
+        let min_age_us = crate::fraud::DROP_MIN_AGE_HEARTBEATS * state.config.heartbeat_interval_us();
+        let evidence = signed.evidence("POST", "/v1/agent/heartbeat");
+        let dropped = state
+            .drops
+            .note(signed.node_id, held, &leases, evidence, min_age_us, now);
+        if !dropped.is_empty() {
+            let node = state
+                .store
+                .node(signed.node_id)
+                .await?
+                .ok_or_else(|| ApiError::NotFound("node".into()))?;
+            for drop in dropped {
+                crate::fraud::dropped(&state, &node, drop, now).await?;
+            }
+            leases = agent_leases(&state, signed.node_id).await?;
+        }
+    }
     Ok(Json(HeartbeatResponse {
-        leases: agent_leases_hinted(&state, signed.node_id).await?,
+        leases,
         heartbeat_interval_ms: state.config.heartbeat_interval_ms,
         heartbeat_timeout_ms: state.config.heartbeat_timeout_ms,
-        canaries: Vec::new(),
+        canaries: crate::canaries::orders_for(&state, signed.node_id, now).await?,
     }))
 }
 
@@ -874,19 +897,26 @@ pub async fn poll_leases(
     }
 }
 
-async fn node_lease(state: &AppState, node_id: i64, lease_id: i64) -> ApiResult<store::LeaseRecord> {
+/// The lease `node_id` reports on, if it holds it. A report for one it does not hold is
+/// refused and kept as evidence: `foreign_lease`, or `foreign_lease_record` for a signed usage
+/// record or attestation, which counts with the usage checks (docs/trust-policy.md § 7).
+async fn node_lease(state: &AppState, node_id: i64, lease_id: i64, record: bool) -> ApiResult<store::LeaseRecord> {
     match state.store.lease(lease_id).await? {
         Some(lease) if lease.lease.node_id == node_id => Ok(lease),
         _ => {
+            let now = now_us();
+            let kind = if record {
+                "foreign_lease_record"
+            } else {
+                "foreign_lease"
+            };
             state
                 .store
-                .record_evidence(
-                    Some(node_id),
-                    "foreign_lease",
-                    &format!("report for lease {lease_id}"),
-                    now_us(),
-                )
+                .record_evidence(Some(node_id), kind, &format!("report for lease {lease_id}"), now)
                 .await?;
+            if record && let Some(node) = state.store.node(node_id).await? {
+                crate::fraud::check_usage_proof(state, &node, now).await?;
+            }
             Err(ApiError::Forbidden(format!(
                 "lease {lease_id} is not held by node {node_id}; the attempt is recorded"
             )))
@@ -932,7 +962,7 @@ pub async fn lease_event(
     Path(lease_id): Path<i64>,
     signed: Signed<LeaseEventRequest>,
 ) -> ApiResult<Json<LeaseView>> {
-    let lease = node_lease(&state, signed.node_id, lease_id).await?;
+    let lease = node_lease(&state, signed.node_id, lease_id, false).await?;
     let event = &signed.body;
     let to = match event.state.as_str() {
         "staging" => LeaseState::Staging,
@@ -1027,7 +1057,7 @@ pub async fn lease_progress(
     Path(lease_id): Path<i64>,
     signed: Signed<ProgressRequest>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let lease = node_lease(&state, signed.node_id, lease_id).await?;
+    let lease = node_lease(&state, signed.node_id, lease_id, false).await?;
     let progress = &signed.body;
     check_name("unit", &progress.unit, true)?;
     if progress.done < 0 {
@@ -1055,7 +1085,7 @@ pub async fn lease_log(
     Path(lease_id): Path<i64>,
     signed: Signed<LogChunkRequest>,
 ) -> ApiResult<Json<LogChunkAccepted>> {
-    let lease = node_lease(&state, signed.node_id, lease_id).await?;
+    let lease = node_lease(&state, signed.node_id, lease_id, false).await?;
     let chunk = &signed.body;
     if chunk.byte_offset < 0 {
         return Err(ApiError::BadRequest(format!(
@@ -1184,7 +1214,7 @@ async fn check_record<T: trust::RecordBody>(
 
 pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>) -> ApiResult<Json<UsageAccepted>> {
     let body = &signed.body.body;
-    let lease = node_lease(&state, signed.node_id, body.lease_id).await?;
+    let lease = node_lease(&state, signed.node_id, body.lease_id, true).await?;
     let record = trust::SignedRecord {
         body: usage_record(body),
         signature_hex: signed.body.signature_hex.clone(),
@@ -1200,37 +1230,85 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
     )
     .await?;
     let now = now_us();
-    let lease_gpu_milli = i64::from(lease.lease.gpu_mask.count_ones() as u16) * lease.lease.gpu_milli;
-    let period_ms = body.period_end_ms - body.period_start_ms;
-    let lease_end_ms = lease.ended_at.unwrap_or(now) / 1000 + state.config.max_skew_ms;
-    if body.sequence < 0
-        || period_ms <= 0
-        || body.period_start_ms < lease.created_at / 1000 - state.config.max_skew_ms
-        || body.period_end_ms > lease_end_ms
-    {
+    if body.sequence < 0 || body.gpu_seconds_milli < 0 || body.period_end_ms <= body.period_start_ms {
         return Err(ApiError::BadRequest(format!(
-            "usage period {}..{} ms is outside lease {}'s life",
-            body.period_start_ms, body.period_end_ms, lease.id
+            "usage record: sequence and gpu_seconds_milli must not be negative, and the period must end after it starts \
+             (the period {}..{} ms is outside any lease)",
+            body.period_start_ms, body.period_end_ms
         )));
     }
-    if body.gpu_seconds_milli < 0 || body.gpu_seconds_milli > lease_gpu_milli * ((period_ms + 999) / 1000) {
+    // A record taken before (an answer lost on the way, so the agent sent it again) is
+    // answered as taken, not checked again: its GPU-seconds are already in the lease's total.
+    if let Some(stored) = state.store.usage_row(lease.id, body.sequence).await? {
+        if stored.signature != signed.body.signature_hex {
+            return Err(ApiError::Conflict(format!(
+                "lease {} already has usage record {} with other contents",
+                lease.id, body.sequence
+            )));
+        }
+        return Ok(Json(UsageAccepted {
+            new: false,
+            charged_micros: 0,
+        }));
+    }
+    let lease_gpu_milli = i64::from(lease.lease.gpu_mask.count_ones() as u16) * lease.lease.gpu_milli;
+    // The record's period on the coordinator's clock: the node's clock offset, measured from
+    // the time it signed this request, is taken out (docs/trust-policy.md § 4).
+    let offset_ms = signed.clock_offset_ms(now);
+    let (start_ms, end_ms) = (
+        body.period_start_ms.saturating_sub(offset_ms),
+        body.period_end_ms.saturating_sub(offset_ms),
+    );
+    let lease_end_ms = lease.ended_at.map(|end| end / 1000);
+    let terms = trust::rules::LeaseTerms {
+        gpu_milli: lease_gpu_milli,
+        start_ms: lease.created_at / 1000,
+        // An ended lease allows the time its agent may take to notice the end.
+        end_ms: lease_end_ms.map_or(now / 1000, |end| end.saturating_add(trust::rules::USAGE_END_NOTICE_MS)),
+        accepted_gpu_seconds_milli: state.store.usage_total(lease.id).await?,
+    };
+    let checked = trust::UsageRecord {
+        period_start_ms: start_ms,
+        period_end_ms: end_ms,
+        ..usage_record(body)
+    };
+    let gpus: Vec<u8> = (0..16u8).filter(|gpu| lease.lease.gpu_mask & (1 << gpu) != 0).collect();
+    let telemetry = state.beats.utilisation_over(
+        signed.node_id,
+        &gpus,
+        (start_ms.saturating_mul(1000), end_ms.saturating_mul(1000)),
+        trust::rules::TELEMETRY_HEARTBEATS_MIN,
+    );
+    if let Err(violation) = trust::rules::check_usage(&checked, &terms, telemetry) {
+        let detail = serde_json::json!({
+            "lease_id": lease.id,
+            "epoch": body.epoch,
+            "violation": violation,
+            "record": body,
+            "signature_hex": signed.body.signature_hex,
+            "clock_offset_ms": offset_ms,
+        });
         state
             .store
-            .record_evidence(
-                Some(signed.node_id),
-                "usage_over_capacity",
-                &format!(
-                    "lease {} claimed {} GPU-milli-seconds in {period_ms} ms",
-                    lease.id, body.gpu_seconds_milli
-                ),
-                now,
-            )
+            .record_evidence(Some(signed.node_id), "usage_violation", &detail.to_string(), now)
             .await?;
+        if let Some(node) = state.store.node(signed.node_id).await? {
+            crate::fraud::check_usage_proof(&state, &node, now).await?;
+        }
         return Err(ApiError::BadRequest(format!(
-            "gpu_seconds_milli {} is more than the lease's {} thousandths of a GPU could use in {period_ms} ms",
-            body.gpu_seconds_milli, lease_gpu_milli
+            "usage record refused and kept as evidence (docs/trust-policy.md § 4): {violation}"
         )));
     }
+    // What the lease can be billed for: a record running past an ended lease (its agent had not
+    // noticed yet) is billed up to the end only.
+    let billable_gpu_seconds_milli = match lease_end_ms {
+        Some(end) if end_ms > end => {
+            let inside = (end - start_ms).clamp(0, end_ms - start_ms);
+            i64::try_from(i128::from(body.gpu_seconds_milli) * i128::from(inside) / i128::from(end_ms - start_ms))
+                .unwrap_or(0)
+        }
+        _ => body.gpu_seconds_milli,
+    };
     let job = state
         .store
         .job(lease.job_id)
@@ -1247,7 +1325,7 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
         Micros::ZERO
     } else {
         Micros(lease.lease.price_micros)
-            .cost_for(body.gpu_seconds_milli as u64, 1)
+            .cost_for(billable_gpu_seconds_milli as u64, 1)
             .ok_or_else(|| ApiError::BadRequest("usage charge overflows".into()))?
     };
     let key = format!("usage:lease-{}:seq-{}", lease.id, body.sequence);
@@ -1316,7 +1394,7 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
 
 pub async fn attest(State(state): AppStateRef, signed: Signed<SignedAttestation>) -> ApiResult<Json<LeaseView>> {
     let body = &signed.body.body;
-    let lease = node_lease(&state, signed.node_id, body.lease_id).await?;
+    let lease = node_lease(&state, signed.node_id, body.lease_id, true).await?;
     let record = trust::SignedRecord {
         body: trust::Attestation {
             lease_id: body.lease_id,

@@ -57,6 +57,16 @@ pub struct Config {
     /// A node over its owner's thermal or power limits takes no new work at once; when it has
     /// been over them this long, its bronze leases are preempted (SIGTERM, grace, kill).
     pub over_limit_preempt_after_ms: u64,
+    /// Gold work goes only to nodes of gold-badge providers (docs/trust-policy.md § 2). Off for
+    /// `fallow dev` and tests of gold work, where no provider has the month of history a badge
+    /// needs.
+    pub gold_needs_badge: bool,
+    /// The trust policy's canaries (docs/trust-policy.md § 3): how long one runs on the claimed
+    /// GPU model, how soon one follows a registration, a fingerprint change or an unanswered one
+    /// (the policy's hour; shorter in tests), and how often the leader looks whether one is due.
+    pub canary_seconds: u64,
+    pub canary_within_ms: u64,
+    pub canary_check_every_ms: u64,
     pub matcher: MatcherConfig,
 }
 
@@ -91,6 +101,10 @@ impl Default for Config {
             max_skew_ms: trust::DEFAULT_MAX_SKEW_MS,
             bill_simulated: false,
             over_limit_preempt_after_ms: 60_000,
+            gold_needs_badge: true,
+            canary_seconds: 30,
+            canary_within_ms: trust::rules::CANARY_WITHIN_MS as u64,
+            canary_check_every_ms: 10_000,
             matcher: MatcherConfig::default(),
         }
     }
@@ -159,6 +173,14 @@ pub struct AppState {
     pub wake: tokio::sync::Notify,
     /// The leadership epoch this replica placed under (fencing token; 0 when not leading).
     pub fence: AtomicI64,
+    /// Every node's decayed outcomes (`reputation`).
+    pub reputations: tokio::sync::Mutex<crate::reputation::Book>,
+    /// Which nodes have canaries to deliver (`canaries`).
+    pub canary_hints: crate::canaries::Hints,
+    /// Leases missing from their nodes' heartbeats (`fraud::Drops`).
+    pub drops: crate::fraud::Drops,
+    /// The leader's count of committed window hours (`fraud::WindowHours`).
+    pub window_hours: Mutex<crate::fraud::WindowHours>,
 }
 
 /// On SQLite the group-commit writers take turns here rather than at SQLite's write lock, where
@@ -236,6 +258,10 @@ impl AppState {
             limits: Mutex::new(HashMap::new()),
             wake: tokio::sync::Notify::new(),
             fence: AtomicI64::new(0),
+            reputations: tokio::sync::Mutex::new(crate::reputation::Book::default()),
+            canary_hints: crate::canaries::Hints::default(),
+            drops: crate::fraud::Drops::default(),
+            window_hours: Mutex::new(crate::fraud::WindowHours::default()),
         }
     }
 

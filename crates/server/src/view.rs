@@ -10,15 +10,7 @@ use model::{
 };
 use store::{LeaseRecord, NodeRecord};
 
-/// A node's reliability before it has history, and how many outcomes weigh as much as that prior:
-/// a Beta(8, 2) prior, so a new node starts at 0.8 and earns its way up.
-pub const RELIABILITY_PRIOR_OK: u64 = 8;
-pub const RELIABILITY_PRIOR_FAULT: u64 = 2;
-
-/// The reliability estimate from outcomes: the mean of the Beta posterior.
-pub fn reliability(ok: u64, faults: u64) -> f64 {
-    (ok + RELIABILITY_PRIOR_OK) as f64 / (ok + faults + RELIABILITY_PRIOR_OK + RELIABILITY_PRIOR_FAULT) as f64
-}
+use crate::reputation::Standings;
 
 pub struct FleetView {
     pub matcher: Matcher,
@@ -31,14 +23,20 @@ pub struct FleetView {
     pub store_of_lease: HashMap<LeaseId, i64>,
     /// What the view was built from: `Store::nodes_version`.
     pub version: (i64, i64),
+    /// Per dense node, the reliability (ppm) and gold eligibility it was built with
+    /// (`reputation::Standings::for_matcher`): the leader builds again when they move.
+    pub trust: Vec<(u32, bool)>,
 }
+
+/// A node's reliability moved this much (ppm) since the view was built: build it again.
+pub const RELIABILITY_REBUILD_PPM: u32 = 1_000;
 
 impl FleetView {
     /// Builds the view. Nodes whose policy does not parse are kept but offline (and logged).
     pub fn build(
         records: Vec<NodeRecord>,
         leases: &[LeaseRecord],
-        outcomes: &HashMap<i64, (u64, u64)>,
+        standings: &Standings,
         version: (i64, i64),
         config: MatcherConfig,
     ) -> FleetView {
@@ -49,6 +47,7 @@ impl FleetView {
         let mut fabrics = BTreeMap::new();
         let mut domains = BTreeMap::new();
         let mut nodes = Vec::with_capacity(records.len());
+        let mut trust = Vec::with_capacity(records.len());
         let mut broken = Vec::new();
         for (position, record) in records.iter().enumerate() {
             let node = &record.node;
@@ -80,7 +79,13 @@ impl FleetView {
             if policy.is_none() {
                 broken.push(position);
             }
-            let (ok, faults) = outcomes.get(&record.id).copied().unwrap_or((0, 0));
+            let (reliability_ppm, gold_eligible) = standings.for_matcher(record.id);
+            trust.push((reliability_ppm, gold_eligible));
+            let mut policy = policy.unwrap_or_else(|| model::ProviderPolicy::flat(Micros(i64::MAX / 4)));
+            if !gold_eligible {
+                // docs/trust-policy.md § 2: gold work goes only to gold-badge providers' nodes.
+                policy.allowed_tiers = model::TierSet(policy.allowed_tiers.0 & !(1 << Tier::Gold as u8));
+            }
             let gpu_model = catalog.find(&node.gpu_model).unwrap_or(model::GpuModel(0));
             nodes.push(Node {
                 id: NodeId(position as u32),
@@ -93,8 +98,8 @@ impl FleetView {
                 memory_mib: node.memory_mib.max(0) as u64,
                 network_mbit_s: node.network_mbit_s.clamp(0, i64::from(u32::MAX)) as u32,
                 datasets: dataset_ids(&node.datasets),
-                reliability_ppm: (reliability(ok, faults) * 1e6).round() as u32,
-                policy: policy.unwrap_or_else(|| model::ProviderPolicy::flat(Micros(i64::MAX / 4))),
+                reliability_ppm,
+                policy,
                 simulated: node.simulated,
                 runtimes: runtime_set(&node.runtimes),
             });
@@ -114,6 +119,7 @@ impl FleetView {
             lease_of_store: HashMap::new(),
             store_of_lease: HashMap::new(),
             version,
+            trust,
         };
         // Leases first, then take the silent and broken nodes offline: a lease on a node that
         // went silent while the coordinator was down is found by the next liveness pass.
@@ -168,7 +174,7 @@ impl FleetView {
             if !record.online || broken.contains(&position) {
                 matcher.set_node_offline(NodeId(position as u32), true);
             }
-            if record.over_limit_since.is_some() {
+            if record.over_limit_since.is_some() || record.fraud_cordoned_at.is_some() {
                 matcher.set_node_cordoned(NodeId(position as u32), true);
             }
         }
@@ -213,15 +219,27 @@ impl FleetView {
         let Some(node) = self.dense.get(&store_node).copied() else {
             return;
         };
-        if let Some(record) = self.records.get_mut(node.index()) {
-            record.over_limit_since = since;
-        }
-        self.matcher.set_node_cordoned(node, since.is_some());
+        let Some(record) = self.records.get_mut(node.index()) else {
+            return;
+        };
+        record.over_limit_since = since;
+        // A node cordoned for fraud stays cordoned, whatever its temperature.
+        self.matcher
+            .set_node_cordoned(node, since.is_some() || record.fraud_cordoned_at.is_some());
     }
 
     pub fn record_lease(&mut self, store_lease: i64, id: LeaseId) {
         self.lease_of_store.insert(store_lease, id);
         self.store_of_lease.insert(id, store_lease);
+    }
+
+    /// Whether the standings moved far enough from what the view was built with to build it
+    /// again: a node's gold eligibility changed, or its reliability by `RELIABILITY_REBUILD_PPM`.
+    pub fn trust_moved(&self, standings: &Standings) -> bool {
+        self.node_ids.iter().zip(&self.trust).any(|(id, (ppm, gold))| {
+            let (now_ppm, now_gold) = standings.for_matcher(*id);
+            now_gold != *gold || now_ppm.abs_diff(*ppm) >= RELIABILITY_REBUILD_PPM
+        })
     }
 
     pub fn region(&self, name: &str) -> Option<RegionId> {

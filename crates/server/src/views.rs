@@ -91,23 +91,10 @@ pub fn node_view(record: &NodeRecord, reliability: f64, live_leases: i64, earnin
     }
 }
 
-/// The trust policy's reputation from a node's recorded outcomes (times in microseconds): a
-/// lease that ended well counts as finished, a node fault as one; a tenant's job failing is no
-/// outcome of the node's.
-pub fn reputation_view(outcomes: &[(String, i64)], now_us: i64) -> api::ReputationView {
-    use trust::rules::{Outcome, Reputation};
-    let mut reputation = Reputation::default();
-    for (name, at_us) in outcomes {
-        let outcome = match name.as_str() {
-            "ok" => Outcome::LeaseFinished,
-            "node_fault" => Outcome::NodeFault,
-            other => match Outcome::parse(other) {
-                Some(outcome) => outcome,
-                None => continue,
-            },
-        };
-        reputation.add(outcome, at_us / 1000, now_us / 1000);
-    }
+/// A reputation as the API shows it: the score, its lower bound and the decayed inputs by kind
+/// (docs/trust-policy.md § 1), so a provider can see why its score is what it is.
+pub fn reputation_view(reputation: &trust::rules::Reputation) -> api::ReputationView {
+    use trust::rules::Outcome;
     let round = |value: f64| (value * 10_000.0).round() / 10_000.0;
     api::ReputationView {
         score: round(reputation.score()),

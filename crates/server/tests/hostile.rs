@@ -987,56 +987,11 @@ async fn forged_and_impossible_agent_reports_are_refused() {
             ),
             expect(
                 report(
-                    "usage from last year",
-                    "/v1/agent/usage",
-                    &resigned(&|body| {
-                        body.period_start_ms -= 365 * 86_400_000;
-                        body.period_end_ms -= 365 * 86_400_000;
-                    }),
-                ),
-                400,
-            ),
-            expect(
-                report(
-                    "usage in the far future",
-                    "/v1/agent/usage",
-                    &resigned(&|body| body.period_end_ms = i64::MAX),
-                ),
-                400,
-            ),
-            expect_saying(
-                report(
-                    "usage over capacity",
-                    "/v1/agent/usage",
-                    &resigned(&|body| body.gpu_seconds_milli = 5000),
-                ),
-                400,
-                "more than",
-            ),
-            expect(
-                report(
                     "negative usage",
                     "/v1/agent/usage",
                     &resigned(&|body| body.gpu_seconds_milli = -1000),
                 ),
                 400,
-            ),
-            expect(
-                report(
-                    "usage i64::MAX",
-                    "/v1/agent/usage",
-                    &resigned(&|body| body.gpu_seconds_milli = i64::MAX),
-                ),
-                400,
-            ),
-            expect_saying(
-                report(
-                    "usage for a lease that does not exist",
-                    "/v1/agent/usage",
-                    &resigned(&|body| body.lease_id = 987_654_321),
-                ),
-                403,
-                "recorded",
             ),
             expect_saying(
                 report(
@@ -1080,11 +1035,7 @@ async fn forged_and_impossible_agent_reports_are_refused() {
             ),
         ];
         check_refused(h, cases).await;
-        for kind in [
-            "bad_usage_signature",
-            "bad_attestation_signature",
-            "usage_over_capacity",
-        ] {
+        for kind in ["bad_usage_signature", "bad_attestation_signature"] {
             assert!(
                 h.has_evidence(holder.node_id, kind).await,
                 "{}: {kind} is evidence",
@@ -1115,6 +1066,98 @@ async fn forged_and_impossible_agent_reports_are_refused() {
             .await
             .expect(200, "the genuine usage");
         assert_eq!(accepted["new"], true, "{}", h.backend);
+
+        // Records no honest node signs: each is refused and kept as evidence, and three within
+        // a day prove inflated usage (docs/trust-policy.md § 4): the holder is cordoned, its
+        // lease ends and the job queues again.
+        // (Sequence 2: the genuine record took 1.)
+        let violating = |edit: &dyn Fn(&mut trust::UsageRecord)| -> Value {
+            resigned(&|body| {
+                body.sequence = 2;
+                edit(body);
+            })
+        };
+        let violations = vec![
+            expect(
+                report(
+                    "usage from last year",
+                    "/v1/agent/usage",
+                    &violating(&|body| {
+                        body.period_start_ms -= 365 * 86_400_000;
+                        body.period_end_ms -= 365 * 86_400_000;
+                    }),
+                ),
+                400,
+            ),
+            expect(
+                report(
+                    "usage in the far future",
+                    "/v1/agent/usage",
+                    &violating(&|body| body.period_end_ms = i64::MAX),
+                ),
+                400,
+            ),
+            expect_saying(
+                report(
+                    "usage over capacity",
+                    "/v1/agent/usage",
+                    &violating(&|body| body.gpu_seconds_milli = 5000),
+                ),
+                400,
+                "more than",
+            ),
+            expect(
+                report(
+                    "usage i64::MAX",
+                    "/v1/agent/usage",
+                    &violating(&|body| body.gpu_seconds_milli = i64::MAX),
+                ),
+                400,
+            ),
+            expect_saying(
+                report(
+                    "usage for a lease that does not exist",
+                    "/v1/agent/usage",
+                    &violating(&|body| body.lease_id = 987_654_321),
+                ),
+                403,
+                "recorded",
+            ),
+        ];
+        check_refused(h, violations).await;
+        for kind in ["usage_violation", "foreign_lease_record"] {
+            assert!(
+                h.has_evidence(holder.node_id, kind).await,
+                "{}: {kind} is evidence",
+                h.backend
+            );
+        }
+        let frauds = h.get(&h.admin, "/v1/frauds").await.expect(200, "frauds");
+        let frauds = frauds.as_array().expect("a list");
+        assert_eq!(
+            frauds.len(),
+            1,
+            "{}: one proof, however many records follow: {frauds:?}",
+            h.backend
+        );
+        assert_eq!(frauds[0]["node_id"], holder.node_id, "{}", h.backend);
+        assert_eq!(frauds[0]["kind"], "inflated_usage", "{}", h.backend);
+        assert_eq!(frauds[0]["share_permille"], 250, "{}", h.backend);
+        let view = h
+            .get(&tenant.key, &format!("/v1/jobs/{job_id}"))
+            .await
+            .expect(200, "job");
+        assert_eq!(view["leases"][0]["state"], "lost", "{}: {view}", h.backend);
+        assert_eq!(view["state"], "queued", "{}: {view}", h.backend);
+        let standing = h.get(&provider.key, "/v1/trust").await.expect(200, "trust");
+        let cordoned: Vec<&Value> = standing["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .filter(|node| node["fraud_cordoned_at_us"].is_i64())
+            .collect();
+        assert_eq!(cordoned.len(), 1, "{}: {standing}", h.backend);
+        assert_eq!(cordoned[0]["node_id"], holder.node_id, "{}: only the holder", h.backend);
     })
     .await;
 }

@@ -221,7 +221,10 @@ async fn a_node_cannot_report_for_a_lease_another_node_holds() {
             let evidence = h.evidence().await;
             let recorded = evidence
                 .iter()
-                .filter(|row| row["node_id"] == intruder.node_id && row["kind"] == "foreign_lease")
+                .filter(|row| {
+                    row["node_id"] == intruder.node_id
+                        && (row["kind"] == "foreign_lease" || row["kind"] == "foreign_lease_record")
+                })
                 .count();
             assert_eq!(recorded, 3, "{}: every attempt is evidence: {evidence:?}", h.backend);
         }

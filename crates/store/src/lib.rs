@@ -18,6 +18,7 @@ use sqlx::{AnyConnection, AnyPool, Connection, Row};
 pub use jobs::{JobEnd, PlacementWrite};
 pub use ledger::LedgerOutcome;
 pub use rows::*;
+pub use trust::{CanaryRow, FraudRow, NewCanary};
 
 /// Connections per pool. SQLite serialises writers anyway; readers share the rest.
 pub const POOL_CONNECTIONS_MAX: u32 = 16;
@@ -277,3 +278,4 @@ mod jobs;
 mod ledger;
 mod nodes;
 mod records;
+mod trust;

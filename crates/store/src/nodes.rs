@@ -12,7 +12,7 @@ const HEARTBEATS_PER_STATEMENT_MAX: usize = 512;
 
 const NODE_COLUMNS: &str = "id, provider_id, name, public_key, fingerprint, fingerprint_changed_at, region, site, \
     fabric, nvlink_domain, latitude, longitude, gpu_model, gpu_count, cpu_milli, memory_mib, network_mbit_s, \
-    simulated, policy, datasets, registered_at, updated_at, last_heartbeat_at, online, telemetry, over_limit_since, runtimes";
+    simulated, policy, datasets, registered_at, updated_at, last_heartbeat_at, online, telemetry, over_limit_since, runtimes, fraud_cordoned_at";
 
 fn node_from(row: &AnyRow) -> Result<NodeRecord> {
     Ok(NodeRecord {
@@ -45,6 +45,7 @@ fn node_from(row: &AnyRow) -> Result<NodeRecord> {
         online: row.try_get::<i64, _>("online")? != 0,
         telemetry: row.try_get("telemetry")?,
         over_limit_since: row.try_get("over_limit_since")?,
+        fraud_cordoned_at: row.try_get("fraud_cordoned_at")?,
     })
 }
 
@@ -96,6 +97,7 @@ impl Store {
             online: false,
             telemetry: None,
             over_limit_since: None,
+            fraud_cordoned_at: None,
         })
     }
 

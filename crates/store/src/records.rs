@@ -6,6 +6,19 @@ use sqlx::Row;
 use crate::accounts::is_unique_violation;
 use crate::{AttestationRow, EvidenceRow, LeaseEvent, LogChunk, PricePoint, Result, Store, UsageRow};
 
+fn usage_from(row: &sqlx::any::AnyRow) -> Result<UsageRow> {
+    Ok(UsageRow {
+        lease_id: row.try_get("lease_id")?,
+        sequence: row.try_get("sequence")?,
+        node_id: row.try_get("node_id")?,
+        gpu_seconds_milli: row.try_get("gpu_seconds_milli")?,
+        charged_micros: row.try_get("charged_micros")?,
+        body: row.try_get("body")?,
+        signature: row.try_get("signature")?,
+        received_at: row.try_get("received_at")?,
+    })
+}
+
 impl Store {
     /// Stores a usage record; false when (lease, sequence) was already stored (a replay or a retry).
     pub async fn insert_usage(&self, usage: &UsageRow) -> Result<bool> {
@@ -35,20 +48,20 @@ impl Store {
         .bind(lease_id)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(UsageRow {
-                    lease_id: row.try_get("lease_id")?,
-                    sequence: row.try_get("sequence")?,
-                    node_id: row.try_get("node_id")?,
-                    gpu_seconds_milli: row.try_get("gpu_seconds_milli")?,
-                    charged_micros: row.try_get("charged_micros")?,
-                    body: row.try_get("body")?,
-                    signature: row.try_get("signature")?,
-                    received_at: row.try_get("received_at")?,
-                })
-            })
-            .collect()
+        rows.iter().map(usage_from).collect()
+    }
+
+    /// A lease's usage record by its sequence number, if stored.
+    pub async fn usage_row(&self, lease_id: i64, sequence: i64) -> Result<Option<UsageRow>> {
+        let row = sqlx::query(
+            "SELECT lease_id, sequence, node_id, gpu_seconds_milli, charged_micros, body, signature, received_at \
+             FROM usage_records WHERE lease_id = $1 AND sequence = $2",
+        )
+        .bind(lease_id)
+        .bind(sequence)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(usage_from).transpose()
     }
 
     /// GPU-milli-seconds already recorded for a lease.
@@ -222,15 +235,16 @@ impl Store {
     }
 
     /// Records evidence (a forged signature, a replay, a report for a lease the node does not hold).
-    pub async fn record_evidence(&self, node_id: Option<i64>, kind: &str, detail: &str, at: i64) -> Result<()> {
-        sqlx::query("INSERT INTO evidence (node_id, kind, detail, at) VALUES ($1, $2, $3, $4)")
+    /// Returns the evidence's id.
+    pub async fn record_evidence(&self, node_id: Option<i64>, kind: &str, detail: &str, at: i64) -> Result<i64> {
+        let row = sqlx::query("INSERT INTO evidence (node_id, kind, detail, at) VALUES ($1, $2, $3, $4) RETURNING id")
             .bind(node_id)
             .bind(kind)
             .bind(detail)
             .bind(at)
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await?;
-        Ok(())
+        Ok(row.try_get("id")?)
     }
 
     pub async fn evidence(&self, node_id: Option<i64>, limit: i64) -> Result<Vec<EvidenceRow>> {
@@ -263,26 +277,48 @@ impl Store {
             .collect()
     }
 
-    /// Records one reputation outcome for a node ("lease_ok", "node_fault", "heartbeat_missed"…).
+    /// Records one reputation outcome for a node ("ok", "node_fault", "canary_passed"…), of
+    /// weight one.
     pub async fn record_outcome(&self, node_id: i64, outcome: &str, at: i64) -> Result<()> {
-        sqlx::query("INSERT INTO reputation_events (node_id, outcome, at) VALUES ($1, $2, $3)")
-            .bind(node_id)
-            .bind(outcome)
-            .bind(at)
-            .execute(&self.pool)
-            .await?;
+        self.record_outcomes(&[(node_id, outcome.to_string(), 1000, at)]).await
+    }
+
+    /// Records reputation outcomes (node, outcome, weight in thousandths, at) in one transaction.
+    pub async fn record_outcomes(&self, outcomes: &[(i64, String, i64, i64)]) -> Result<()> {
+        if outcomes.is_empty() {
+            return Ok(());
+        }
+        let mut db = self.begin_write().await?;
+        for (node_id, outcome, weight_milli, at) in outcomes {
+            sqlx::query("INSERT INTO reputation_events (node_id, outcome, weight_milli, at) VALUES ($1, $2, $3, $4)")
+                .bind(node_id)
+                .bind(outcome)
+                .bind(weight_milli)
+                .bind(at)
+                .execute(&mut *db)
+                .await?;
+        }
+        db.commit().await?;
         Ok(())
     }
 
-    /// A node's outcomes since `since`, oldest first.
-    pub async fn outcomes(&self, node_id: i64, since: i64) -> Result<Vec<(String, i64)>> {
-        let rows = sqlx::query("SELECT outcome, at FROM reputation_events WHERE node_id = $1 AND at >= $2 ORDER BY id")
-            .bind(node_id)
-            .bind(since)
-            .fetch_all(&self.pool)
-            .await?;
+    /// A node's outcomes since `since`, oldest first: (outcome, weight in thousandths, at).
+    pub async fn outcomes(&self, node_id: i64, since: i64) -> Result<Vec<(String, i64, i64)>> {
+        let rows = sqlx::query(
+            "SELECT outcome, weight_milli, at FROM reputation_events WHERE node_id = $1 AND at >= $2 ORDER BY id",
+        )
+        .bind(node_id)
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter()
-            .map(|row| Ok((row.try_get("outcome")?, row.try_get("at")?)))
+            .map(|row| {
+                Ok((
+                    row.try_get("outcome")?,
+                    row.try_get("weight_milli")?,
+                    row.try_get("at")?,
+                ))
+            })
             .collect()
     }
 
@@ -314,20 +350,6 @@ impl Store {
 }
 
 impl Store {
-    /// Per node, how many good outcomes and faults it has: (node, ok, faults).
-    pub async fn outcome_counts(&self) -> Result<Vec<(i64, i64, i64)>> {
-        let rows = sqlx::query(
-            "SELECT node_id, CAST(SUM(CASE WHEN outcome = 'ok' THEN 1 ELSE 0 END) AS BIGINT) AS ok, \
-             CAST(SUM(CASE WHEN outcome = 'ok' THEN 0 ELSE 1 END) AS BIGINT) AS faults \
-             FROM reputation_events GROUP BY node_id ORDER BY node_id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| Ok((row.try_get("node_id")?, row.try_get("ok")?, row.try_get("faults")?)))
-            .collect()
-    }
-
     /// Leases that ended at or after `since` (µs), oldest first: how the reconcile leader
     /// learns of ends reported to other replicas.
     pub async fn leases_ended_since(&self, since: i64) -> Result<Vec<(i64, i64)>> {

@@ -134,6 +134,8 @@ pub struct NodeRecord {
     pub telemetry: Option<String>,
     /// Since when the node has been over its owner's thermal or power limits, if it is.
     pub over_limit_since: Option<i64>,
+    /// Cordoned for proven fraud since then, until a canary passes on its current hardware.
+    pub fraud_cordoned_at: Option<i64>,
 }
 
 /// One heartbeat to record: batched, many per transaction.

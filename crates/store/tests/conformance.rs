@@ -490,7 +490,10 @@ async fn usage_and_attestations_are_accepted_once() {
         store.record_evidence(Some(3), "bad_signature", "x", 1).await.unwrap();
         assert_eq!(store.evidence(Some(3), 10).await.unwrap().len(), 1);
         store.record_outcome(3, "lease_ok", 1).await.unwrap();
-        assert_eq!(store.outcomes(3, 0).await.unwrap(), vec![("lease_ok".to_string(), 1)]);
+        assert_eq!(
+            store.outcomes(3, 0).await.unwrap(),
+            vec![("lease_ok".to_string(), 1000, 1)]
+        );
     })
     .await;
 }

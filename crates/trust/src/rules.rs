@@ -69,6 +69,11 @@ impl Outcome {
     pub fn parse(text: &str) -> Option<Outcome> {
         Outcome::ALL.into_iter().find(|outcome| outcome.name() == text)
     }
+
+    /// Its place in [`Outcome::ALL`] (and in [`Reputation::inputs`]).
+    pub fn slot(self) -> usize {
+        self as usize
+    }
 }
 
 /// A Beta posterior over a node's (or a provider's) outcomes, with its inputs: the decayed
@@ -103,20 +108,38 @@ impl Reputation {
 
     /// Adds one outcome that happened at `at_ms`, seen at `now_ms`.
     pub fn add(&mut self, outcome: Outcome, at_ms: i64, now_ms: i64) {
+        self.add_many(outcome, 1.0, at_ms, now_ms);
+    }
+
+    /// Adds `count` outcomes of one kind (a fraction for part of a window hour) that happened at
+    /// `at_ms`, seen at `now_ms`.
+    pub fn add_many(&mut self, outcome: Outcome, count: f64, at_ms: i64, now_ms: i64) {
         let age_ms = (now_ms - at_ms).max(0) as f64;
         let decay = 0.5f64.powf(age_ms / HALF_LIFE_MS as f64);
         let (success, weight) = outcome.weight();
-        let weight = weight * decay;
+        let weight = weight * count * decay;
         if success {
             self.alpha += weight;
         } else {
             self.beta += weight;
         }
-        let slot = Outcome::ALL
-            .iter()
-            .position(|kind| *kind == outcome)
-            .expect("every outcome is listed");
-        self.inputs[slot] += weight;
+        self.inputs[outcome.slot()] += weight;
+    }
+
+    /// The posterior from decayed, weighted inputs (per kind, in [`Outcome::ALL`]'s order).
+    pub fn from_inputs(inputs: [f64; 6]) -> Reputation {
+        let mut reputation = Reputation {
+            inputs,
+            ..Reputation::default()
+        };
+        for (outcome, weight) in Outcome::ALL.iter().zip(inputs) {
+            if outcome.weight().0 {
+                reputation.alpha += weight;
+            } else {
+                reputation.beta += weight;
+            }
+        }
+        reputation
     }
 
     /// § 1: the posterior mean.
@@ -271,13 +294,121 @@ pub fn canary_mean_interval_ms(node_age_ms: i64) -> i64 {
     }
 }
 
+/// § 3: a node's first canary comes within this time of its registration, and one comes within
+/// it after its hardware fingerprint changes or a canary went unanswered.
+pub const CANARY_WITHIN_MS: i64 = 3_600_000;
+/// § 3: this many canaries in a row unanswered take a node off gold work until one passes.
+pub const CANARY_UNANSWERED_OFF_GOLD: u32 = 3;
+
+/// Where a node's latest canary stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CanaryState {
+    /// Ordered, not yet answered nor past its deadline.
+    Open,
+    Answered(CanaryFinding),
+    /// Its deadline passed without an answer.
+    Unanswered,
+}
+
+/// What the next canary of a node depends on (times in ms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CanaryHistory {
+    pub registered_ms: i64,
+    pub fingerprint_changed_ms: Option<i64>,
+    /// The latest canary: when it was ordered, when it was answered or given up, and its state.
+    pub latest: Option<(i64, Option<i64>, CanaryState)>,
+}
+
+/// When a node's next canary is due (§ 3).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CanaryDue {
+    /// One is open: none now.
+    No,
+    /// At once (the last one failed).
+    Now,
+    /// At a random time before this deadline (ms), uniformly over what is left of it.
+    By(i64),
+    /// At random times, this far apart on average (ms): a Poisson process.
+    Every(i64),
+}
+
+impl CanaryDue {
+    /// The chance that the next canary is ordered in the `step_ms` from `now_ms`.
+    pub fn chance_within(self, now_ms: i64, step_ms: i64) -> f64 {
+        match self {
+            CanaryDue::No => 0.0,
+            CanaryDue::Now => 1.0,
+            CanaryDue::By(deadline_ms) => {
+                let left_ms = deadline_ms - now_ms;
+                if left_ms <= step_ms {
+                    1.0
+                } else {
+                    step_ms as f64 / left_ms as f64
+                }
+            }
+            CanaryDue::Every(mean_ms) => 1.0 - (-(step_ms as f64) / mean_ms.max(1) as f64).exp(),
+        }
+    }
+}
+
+/// § 3: when a node's next canary is due. `within_ms` is [`CANARY_WITHIN_MS`] (shorter in tests).
+pub fn canary_due(history: &CanaryHistory, now_ms: i64, within_ms: i64) -> CanaryDue {
+    let Some((ordered_ms, finished_ms, state)) = history.latest else {
+        return CanaryDue::By(history.registered_ms + within_ms);
+    };
+    if state == CanaryState::Open {
+        return CanaryDue::No;
+    }
+    if let Some(changed_ms) = history.fingerprint_changed_ms
+        && changed_ms > ordered_ms
+    {
+        return CanaryDue::By(changed_ms + within_ms);
+    }
+    match state {
+        CanaryState::Answered(CanaryFinding::Passed) => {
+            CanaryDue::Every(canary_mean_interval_ms(now_ms - history.registered_ms))
+        }
+        CanaryState::Answered(_) => CanaryDue::Now,
+        CanaryState::Unanswered | CanaryState::Open => CanaryDue::By(finished_ms.unwrap_or(ordered_ms) + within_ms),
+    }
+}
+
+/// What decides whether a node may take gold work, besides its provider's badge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeCanaries {
+    /// The finding of its latest answered canary, and when it came.
+    pub last_answered: Option<(CanaryFinding, i64)>,
+    /// Canaries unanswered since then.
+    pub unanswered_since: u32,
+    pub fingerprint_changed_ms: Option<i64>,
+}
+
+/// §§ 2–3: a node takes gold work when its provider has the gold badge, its latest answered
+/// canary passed on its current hardware, fewer than [`CANARY_UNANSWERED_OFF_GOLD`] canaries
+/// went unanswered since, and it is not cordoned for fraud.
+pub fn gold_eligible(provider_badge: Badge, canaries: &NodeCanaries, fraud_cordoned: bool) -> bool {
+    let verified = match canaries.last_answered {
+        Some((CanaryFinding::Passed, at_ms)) => canaries.fingerprint_changed_ms.is_none_or(|changed| changed <= at_ms),
+        _ => false,
+    };
+    provider_badge == Badge::Gold
+        && verified
+        && canaries.unanswered_since < CANARY_UNANSWERED_OFF_GOLD
+        && !fraud_cordoned
+}
+
 // ---------------------------------------------------------------------------------------------
 // § 4 Usage cross-checks
 
 /// § 4: slack on GPU-seconds for clock granularity, per mille.
 pub const USAGE_SLACK_PERMILLE: i64 = 10;
-/// § 4: clock skew allowed at a lease's edges.
+/// § 4: clock skew allowed at a lease's edges (once the node's measured offset is taken out).
 pub const USAGE_SKEW_MS: i64 = 5_000;
+/// § 4: after the coordinator ends a lease, the time its agent may take to notice (billed up
+/// to the end only).
+pub const USAGE_END_NOTICE_MS: i64 = 30_000;
+/// § 4: the activity check needs at least this many heartbeats over the record's period.
+pub const TELEMETRY_HEARTBEATS_MIN: usize = 3;
 /// § 4: a record claims activity at this utilisation (per mille) or more …
 pub const USAGE_ACTIVE_PERMILLE: i64 = 100;
 /// § 4: … which the node's heartbeats contradict when they averaged under this.
@@ -332,7 +463,8 @@ fn with_slack(value: i64) -> i64 {
 }
 
 /// § 4: checks a usage record against the lease and the node's own telemetry over the record's
-/// period (average GPU utilisation per mille, if the heartbeats cover it).
+/// period: the highest utilisation (per mille) any of its heartbeats there reported for the
+/// lease's GPUs, when at least [`TELEMETRY_HEARTBEATS_MIN`] fall there.
 pub fn check_usage(
     record: &UsageRecord,
     lease: &LeaseTerms,
@@ -570,6 +702,25 @@ mod tests {
     }
 
     #[test]
+    fn inputs_give_the_same_posterior_as_outcomes() {
+        let outcomes = [
+            (Outcome::LeaseFinished, NOW - DAY_MS),
+            (Outcome::CanaryPassed, NOW - 40 * DAY_MS),
+            (Outcome::CanaryFailed, NOW),
+            (Outcome::WindowHourMissed, NOW - HALF_LIFE_MS),
+        ];
+        let added = Reputation::from_outcomes(&outcomes, NOW);
+        let rebuilt = Reputation::from_inputs(added.inputs);
+        assert!((added.alpha - rebuilt.alpha).abs() < 1e-12 && (added.beta - rebuilt.beta).abs() < 1e-12);
+        let mut half = Reputation::default();
+        half.add_many(Outcome::WindowHourPresent, 0.5, NOW, NOW);
+        assert!((half.inputs[Outcome::WindowHourPresent.slot()] - 0.5).abs() < 1e-12);
+        for (slot, outcome) in Outcome::ALL.iter().enumerate() {
+            assert_eq!(outcome.slot(), slot);
+        }
+    }
+
+    #[test]
     fn outcome_names_round_trip() {
         for outcome in Outcome::ALL {
             assert_eq!(Outcome::parse(outcome.name()), Some(outcome));
@@ -657,6 +808,90 @@ mod tests {
         evidence.clear();
         evidence.canary(CanaryFinding::WrongAnswer);
         assert_eq!(evidence.canary(CanaryFinding::WrongAnswer), Some(Fraud::WrongAnswers));
+    }
+
+    #[test]
+    fn canaries_come_first_within_the_hour_at_once_after_a_failure_and_at_random_after() {
+        let history = |latest, changed| CanaryHistory {
+            registered_ms: NOW - 10 * DAY_MS,
+            fingerprint_changed_ms: changed,
+            latest,
+        };
+        let fresh = CanaryHistory {
+            latest: None,
+            ..history(None, None)
+        };
+        assert_eq!(
+            canary_due(&fresh, NOW, CANARY_WITHIN_MS),
+            CanaryDue::By(NOW - 10 * DAY_MS + CANARY_WITHIN_MS)
+        );
+        let open = history(Some((NOW - 1, None, CanaryState::Open)), None);
+        assert_eq!(canary_due(&open, NOW, CANARY_WITHIN_MS), CanaryDue::No);
+        let failed = history(
+            Some((NOW - 10, Some(NOW - 5), CanaryState::Answered(CanaryFinding::Slow))),
+            None,
+        );
+        assert_eq!(canary_due(&failed, NOW, CANARY_WITHIN_MS), CanaryDue::Now);
+        let passed = history(
+            Some((NOW - 10, Some(NOW - 5), CanaryState::Answered(CanaryFinding::Passed))),
+            None,
+        );
+        assert_eq!(
+            canary_due(&passed, NOW, CANARY_WITHIN_MS),
+            CanaryDue::Every(CANARY_MEAN_INTERVAL_MS)
+        );
+        let changed = history(
+            Some((NOW - 10, Some(NOW - 5), CanaryState::Answered(CanaryFinding::Passed))),
+            Some(NOW - 2),
+        );
+        assert_eq!(
+            canary_due(&changed, NOW, CANARY_WITHIN_MS),
+            CanaryDue::By(NOW - 2 + CANARY_WITHIN_MS)
+        );
+        let unanswered = history(Some((NOW - 10, Some(NOW - 5), CanaryState::Unanswered)), None);
+        assert_eq!(
+            canary_due(&unanswered, NOW, CANARY_WITHIN_MS),
+            CanaryDue::By(NOW - 5 + CANARY_WITHIN_MS)
+        );
+        // The chance of an order by a deadline rises to one at the deadline.
+        assert_eq!(CanaryDue::By(NOW + 1000).chance_within(NOW, 1000), 1.0);
+        assert!((CanaryDue::By(NOW + 4000).chance_within(NOW, 1000) - 0.25).abs() < 1e-12);
+        let daily = CanaryDue::Every(DAY_MS).chance_within(NOW, 60_000);
+        assert!((daily - 60_000.0 / DAY_MS as f64).abs() < 1e-6, "{daily}");
+    }
+
+    #[test]
+    fn gold_work_needs_the_badge_and_a_passed_canary_on_current_hardware() {
+        let canaries = |last, unanswered, changed| NodeCanaries {
+            last_answered: last,
+            unanswered_since: unanswered,
+            fingerprint_changed_ms: changed,
+        };
+        let passed = Some((CanaryFinding::Passed, NOW));
+        assert!(gold_eligible(Badge::Gold, &canaries(passed, 0, None), false));
+        assert!(!gold_eligible(Badge::Silver, &canaries(passed, 0, None), false));
+        assert!(
+            !gold_eligible(Badge::Gold, &canaries(None, 0, None), false),
+            "never verified"
+        );
+        assert!(!gold_eligible(
+            Badge::Gold,
+            &canaries(Some((CanaryFinding::Slow, NOW)), 0, None),
+            false
+        ));
+        assert!(
+            !gold_eligible(Badge::Gold, &canaries(passed, 3, None), false),
+            "three unanswered"
+        );
+        assert!(gold_eligible(Badge::Gold, &canaries(passed, 2, None), false));
+        assert!(
+            !gold_eligible(Badge::Gold, &canaries(passed, 0, Some(NOW + 1)), false),
+            "new hardware"
+        );
+        assert!(
+            !gold_eligible(Badge::Gold, &canaries(passed, 0, None), true),
+            "cordoned"
+        );
     }
 
     #[test]
@@ -784,8 +1019,12 @@ mod tests {
             "**60 %**",
             "90 % of the claimed model's memory",
             "**two wrong answers in a row**",
+            "Within the hour after a node registers",
+            "**three in a row unanswered**",
             "**1 %**",
             "**5 s**",
+            "**30 s**",
+            "at least **three**",
             "**10 %** or more",
             "under **2 %**",
             "**Three violating records from one node within\n  24 hours**",

@@ -1,0 +1,460 @@
+//! Canaries (docs/trust-policy.md § 3): the leader orders known-answer benchmarks on nodes at
+//! the times the rules give, heartbeat answers on any replica carry them to their nodes, and
+//! the node's signed result is checked against the recomputed answer and the claimed GPU
+//! model's rate. Two failures of a kind in a row prove fraud (`fraud::prove`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use api::{CanaryAccepted, CanaryOrder, SignedCanaryResult};
+use model::GpuCatalog;
+use store::{CanaryRow, NewCanary, NodeRecord};
+use trust::canary::CanaryResult;
+use trust::rules::{self, CanaryDue, CanaryFinding, CanaryHistory, CanaryRun, CanaryState, Evidence, Fraud};
+
+use crate::error::{ApiError, ApiResult};
+use crate::reputation::{NodeFacts, finding_of};
+use crate::state::{AppState, now_us};
+
+/// A replica's list of nodes with canaries open is read again when older than this.
+pub const HINTS_FRESH_FOR: Duration = Duration::from_secs(1);
+/// Slack on a canary's deadline past its run on a GPU at the slow line, for its delivery (a few
+/// heartbeats) and its report.
+pub const DEADLINE_SLACK_US: i64 = 60_000_000;
+/// The heartbeat intervals a canary's deadline allows for its delivery.
+pub const DEADLINE_HEARTBEATS: i64 = 3;
+/// A canary's answers a node has to prove fraud from, read back at most.
+const FINDINGS_READ_MAX: i64 = 16;
+/// The seed's length in bytes.
+const SEED_BYTES: usize = 16;
+
+/// Which nodes have canaries open, so that a heartbeat asks the store only for those.
+#[derive(Default)]
+pub struct Hints {
+    open: Mutex<(Option<Instant>, HashSet<i64>)>,
+}
+
+impl Hints {
+    /// Whether `node` may have an open canary (read again from the store once a second).
+    async fn may_have(&self, state: &AppState, node: i64) -> ApiResult<bool> {
+        let fresh = {
+            let open = self.open.lock().expect("canary hints lock");
+            open.0
+                .is_some_and(|at| at.elapsed() < HINTS_FRESH_FOR)
+                .then(|| open.1.contains(&node))
+        };
+        if let Some(known) = fresh {
+            return Ok(known);
+        }
+        let nodes: HashSet<i64> = state.store.open_canary_nodes().await?.into_iter().collect();
+        let has = nodes.contains(&node);
+        *self.open.lock().expect("canary hints lock") = (Some(Instant::now()), nodes);
+        Ok(has)
+    }
+
+    fn add(&self, node: i64) {
+        self.open.lock().expect("canary hints lock").1.insert(node);
+    }
+}
+
+/// The canaries a heartbeat answer carries to `node`: those open and not past their deadline.
+/// The first delivery is noted: the coordinator's clock for the canary's rate starts there.
+pub async fn orders_for(state: &AppState, node: i64, now: i64) -> ApiResult<Vec<CanaryOrder>> {
+    if !state.canary_hints.may_have(state, node).await? {
+        return Ok(Vec::new());
+    }
+    let mut orders = Vec::new();
+    for canary in state.store.open_canaries_of_node(node).await? {
+        if canary.canary.deadline_at <= now {
+            continue;
+        }
+        if canary.delivered_at.is_none() {
+            state.store.mark_canary_delivered(canary.id, now).await?;
+        }
+        orders.push(order_of(&canary));
+    }
+    Ok(orders)
+}
+
+fn gpus_of(canary: &CanaryRow) -> Vec<u8> {
+    serde_json::from_str(&canary.canary.gpus).unwrap_or_default()
+}
+
+fn order_of(canary: &CanaryRow) -> CanaryOrder {
+    CanaryOrder {
+        id: canary.id,
+        seed: canary.canary.seed.clone(),
+        units: u64::try_from(canary.canary.units).unwrap_or(0),
+        gpus: gpus_of(canary),
+        memory_mib: u64::try_from(canary.canary.memory_mib).unwrap_or(0),
+        deadline_ms: canary.canary.deadline_at / 1000,
+    }
+}
+
+/// A uniform draw in [0, 1) from the operating system: a node cannot tell when its canaries come.
+fn random_unit() -> f64 {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("the operating system's random source is available");
+    (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+fn new_seed() -> String {
+    let mut bytes = [0u8; SEED_BYTES];
+    getrandom::fill(&mut bytes).expect("the operating system's random source is available");
+    hex::encode(bytes)
+}
+
+/// Orders a canary on the idle GPUs of `node` (none when every GPU is leased): the work the
+/// claimed model does in `canary_seconds`, 90 % of its memory on each GPU. Returns its id.
+pub async fn order(state: &AppState, node: &NodeRecord, now: i64) -> ApiResult<Option<i64>> {
+    let catalog = GpuCatalog::embedded();
+    let Some(model) = catalog.find(&node.node.gpu_model) else {
+        return Ok(None);
+    };
+    let spec = catalog.spec(model);
+    let mut busy: u32 = 0;
+    for lease in state.store.live_leases_of_node(node.id).await? {
+        busy |= lease.lease.gpu_mask as u32;
+    }
+    let gpus: Vec<u8> = (0..node.node.gpu_count.clamp(0, 16) as u8)
+        .filter(|gpu| busy & (1 << gpu) == 0)
+        .collect();
+    if gpus.is_empty() {
+        return Ok(None);
+    }
+    let units = trust::canary::units_for(state.config.canary_seconds, spec.cu_milli);
+    // A run at the slow line takes this long; the deadline leaves it that and the slack.
+    let slow_run_us = i64::try_from(
+        state.config.canary_seconds.saturating_mul(1_000_000) * 1000 / u64::from(rules::CANARY_SLOW_PERMILLE),
+    )
+    .unwrap_or(i64::MAX / 4);
+    let deadline = now
+        .saturating_add(slow_run_us)
+        .saturating_add(DEADLINE_HEARTBEATS * state.config.heartbeat_interval_us())
+        .saturating_add(DEADLINE_SLACK_US);
+    let canary = NewCanary {
+        node_id: node.id,
+        seed: new_seed(),
+        units: i64::try_from(units).unwrap_or(i64::MAX),
+        gpus: serde_json::to_string(&gpus).expect("indexes serialise"),
+        memory_mib: i64::from(spec.memory_mib) * i64::from(rules::CANARY_MEMORY_PERMILLE) / 1000,
+        claimed_model: spec.name.clone(),
+        expected_rate_milli: i64::try_from(trust::canary::expected_rate_milli(spec.cu_milli)).unwrap_or(i64::MAX),
+        fingerprint: node.node.fingerprint.clone(),
+        created_at: now,
+        deadline_at: deadline,
+    };
+    let id = state.store.insert_canary(&canary).await?;
+    state.canary_hints.add(node.id);
+    tracing::info!(node = node.id, canary = id, units, gpus = ?gpus, "canary ordered");
+    Ok(Some(id))
+}
+
+/// The leader's look at canaries: those past their deadline are given up as unanswered, and
+/// each online node whose next canary is due by the rules (a random draw for the `step_us` since
+/// the last look) gets one.
+pub async fn schedule(state: &AppState, nodes: &[NodeFacts], step_us: i64, now: i64) -> ApiResult<()> {
+    for overdue in state.store.overdue_canaries(now).await? {
+        if state
+            .store
+            .finish_canary(overdue.id, "unanswered", None, None, now)
+            .await?
+        {
+            tracing::info!(
+                node = overdue.canary.node_id,
+                canary = overdue.id,
+                "canary unanswered by its deadline"
+            );
+        }
+    }
+    let latest: HashMap<i64, CanaryRow> = state
+        .store
+        .latest_canaries()
+        .await?
+        .into_iter()
+        .map(|canary| (canary.canary.node_id, canary))
+        .collect();
+    let now_ms = now / 1000;
+    let within_ms = i64::try_from(state.config.canary_within_ms).unwrap_or(i64::MAX);
+    for node in nodes.iter().filter(|node| node.online) {
+        let latest_canary = latest.get(&node.id);
+        let history = CanaryHistory {
+            registered_ms: node.registered_at / 1000,
+            fingerprint_changed_ms: node.fingerprint_changed_at.map(|at| at / 1000),
+            latest: latest_canary.map(|canary| {
+                let state = match canary.finding.as_deref() {
+                    None => CanaryState::Open,
+                    Some(name) => finding_of(name).map_or(CanaryState::Unanswered, CanaryState::Answered),
+                };
+                (
+                    canary.canary.created_at / 1000,
+                    canary.finished_at.map(|at| at / 1000),
+                    state,
+                )
+            }),
+        };
+        // A node cordoned for fraud gets canaries again only on new hardware (or when its
+        // provider asks for one: `POST /v1/nodes/{id}/verify`).
+        if let Some(cordoned_at) = node.fraud_cordoned_at
+            && node.fingerprint_changed_at.is_none_or(|changed| changed <= cordoned_at)
+        {
+            continue;
+        }
+        let due = rules::canary_due(&history, now_ms, within_ms);
+        if due == CanaryDue::No || random_unit() >= due.chance_within(now_ms, step_us / 1000) {
+            continue;
+        }
+        if let Some(record) = state.store.node(node.id).await? {
+            order(state, &record, now).await?;
+        }
+    }
+    Ok(())
+}
+
+/// `POST /v1/agent/canaries`: a node's signed result. The signature is checked, then the order
+/// (this node's, still open, the same seed and units), then the answer and the rate.
+pub async fn take_result(state: &AppState, node_id: i64, signed: &SignedCanaryResult) -> ApiResult<CanaryAccepted> {
+    let now = now_us();
+    let body = &signed.body;
+    let record = trust::SignedRecord {
+        body: CanaryResult {
+            canary_id: body.canary_id,
+            seed: body.seed.clone(),
+            units: body.units,
+            digest: body.digest.clone(),
+            elapsed_ms: body.elapsed_ms,
+            rate_milli: body.rate_milli,
+            memory_allocated: body.memory_allocated,
+            measured_on: body.measured_on.clone(),
+        },
+        signature_hex: signed.signature_hex.clone(),
+    };
+    let identity = state.node_identity(node_id).await?;
+    if let Err(error) = trust::verify_record(&identity.key, node_id, &record) {
+        state
+            .store
+            .record_evidence(
+                Some(node_id),
+                "bad_canary_signature",
+                &format!("canary {}", body.canary_id),
+                now,
+            )
+            .await?;
+        return Err(error.into());
+    }
+    let canary = match state.store.canary(body.canary_id).await? {
+        Some(canary) if canary.canary.node_id == node_id => canary,
+        _ => {
+            state
+                .store
+                .record_evidence(
+                    Some(node_id),
+                    "foreign_canary",
+                    &format!("result for canary {}", body.canary_id),
+                    now,
+                )
+                .await?;
+            return Err(ApiError::Forbidden(format!(
+                "canary {} was not ordered on node {node_id}; the attempt is recorded",
+                body.canary_id
+            )));
+        }
+    };
+    if let Some(finding) = &canary.finding {
+        return Err(ApiError::Conflict(format!(
+            "canary {} is over already ({finding}); a result is taken once, by its deadline",
+            canary.id
+        )));
+    }
+    if body.seed != canary.canary.seed || body.units != canary.canary.units {
+        state
+            .store
+            .record_evidence(
+                Some(node_id),
+                "canary_mismatch",
+                &format!("canary {}: another seed or unit count than ordered", canary.id),
+                now,
+            )
+            .await?;
+        return Err(ApiError::BadRequest(format!(
+            "canary {}: the seed and units must be the ones ordered ({} units)",
+            canary.id, canary.canary.units
+        )));
+    }
+    let node = state
+        .store
+        .node(node_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("node {node_id} not found")))?;
+    let (seed, gpus, units) = (
+        canary.canary.seed.clone(),
+        gpus_of(&canary),
+        u64::try_from(canary.canary.units).unwrap_or(0),
+    );
+    let expected_digest = tokio::task::spawn_blocking(move || trust::canary::answer(&seed, &gpus, units))
+        .await
+        .map_err(|error| ApiError::Internal(format!("recomputing the canary's answer: {error}")))?;
+    let rate = measured_rate(&canary, body, node.node.simulated, now);
+    let run = CanaryRun {
+        expected_digest,
+        returned_digest: body.digest.clone(),
+        rate: rate.map_or(canary.canary.expected_rate_milli, |rate| rate).max(0) as u64,
+        expected_rate: canary.canary.expected_rate_milli.max(0) as u64,
+        memory_allocated: body.memory_allocated,
+    };
+    let finding = run.finding();
+    let name = finding_name(finding);
+    let body_json = serde_json::to_string(body).map_err(|error| ApiError::Internal(error.to_string()))?;
+    if !state
+        .store
+        .finish_canary(canary.id, name, rate, Some((&body_json, &signed.signature_hex)), now)
+        .await?
+    {
+        return Err(ApiError::Conflict(format!(
+            "canary {} was answered meanwhile; a result is taken once",
+            canary.id
+        )));
+    }
+    let outcome = if finding == CanaryFinding::Passed {
+        rules::Outcome::CanaryPassed
+    } else {
+        rules::Outcome::CanaryFailed
+    };
+    state.store.record_outcome(node_id, outcome.name(), now).await?;
+    tracing::info!(node = node_id, canary = canary.id, finding = name, rate_milli = ?rate, "canary answered");
+    let mut fraud = None;
+    if finding == CanaryFinding::Passed {
+        if node.fraud_cordoned_at.is_some() && canary.canary.fingerprint == node.node.fingerprint {
+            tracing::info!(
+                node = node_id,
+                "a canary passed on the node's current hardware: its cordon is lifted"
+            );
+            state.store.lift_fraud_cordon(node_id, now).await?;
+        }
+    } else if let Some((proven, row)) = proof(state, &node).await? {
+        let first = row.first().map_or(canary.id, |canary| canary.id);
+        let since = canary_evidence_since(state, &node, first).await?;
+        let evidence = serde_json::json!({
+            "rule": format!("{} of {}: {} canaries of the same failure in a row", proven.section(), rules::POLICY_DOCUMENT, rules::CANARY_FAILURES_TO_PROVE),
+            "canaries": row.iter().map(evidence_of).collect::<Vec<_>>(),
+        });
+        crate::fraud::prove(state, &node, proven, evidence, since, format!("canary-{first}"), now).await?;
+        fraud = Some(proven.name().to_string());
+    }
+    // Gold eligibility and reputation moved: every replica's matcher view is built again.
+    state.store.touch_node(node_id, now).await?;
+    state.wake.notify_one();
+    Ok(CanaryAccepted {
+        finding: name.to_string(),
+        fraud,
+    })
+}
+
+/// The rate a canary is held to, in thousandths of a unit per second per GPU: the lower of the
+/// node's own measure and the coordinator's (from the first delivery to the result). `None`
+/// when no rate could be measured: a real GPU without a GPU kernel in this build (`cpu`), whose
+/// answer alone is checked. A simulated device always measures one.
+fn measured_rate(canary: &CanaryRow, body: &api::CanaryResultBody, simulated: bool, now: i64) -> Option<i64> {
+    if body.measured_on == "cpu" && !simulated {
+        return None;
+    }
+    let units = u64::try_from(canary.canary.units).unwrap_or(0);
+    let coordinator = canary
+        .delivered_at
+        .map(|delivered| trust::canary::rate_milli(units, u64::try_from((now - delivered) / 1000).unwrap_or(0)))
+        .map_or(i64::MAX, |rate| i64::try_from(rate).unwrap_or(i64::MAX));
+    Some(body.rate_milli.max(0).min(coordinator))
+}
+
+pub fn finding_name(finding: CanaryFinding) -> &'static str {
+    match finding {
+        CanaryFinding::Passed => "passed",
+        CanaryFinding::WrongAnswer => "wrong_answer",
+        CanaryFinding::Slow => "slow",
+    }
+}
+
+/// The fraud a node's answered canaries since its last fraud decision prove, with the row of
+/// canaries that proves it (oldest first).
+async fn proof(state: &AppState, node: &NodeRecord) -> ApiResult<Option<(Fraud, Vec<CanaryRow>)>> {
+    let last_fraud = state.store.last_fraud_of_node(node.id).await?.unwrap_or(i64::MIN);
+    let mut answered: Vec<CanaryRow> = state
+        .store
+        .canaries_of_node(node.id, FINDINGS_READ_MAX)
+        .await?
+        .into_iter()
+        .filter(|canary| {
+            canary.canary.created_at > last_fraud && canary.finding.as_deref().and_then(finding_of).is_some()
+        })
+        .collect();
+    answered.reverse();
+    let mut evidence = Evidence::default();
+    let mut proven = None;
+    for canary in &answered {
+        proven = canary
+            .finding
+            .as_deref()
+            .and_then(finding_of)
+            .and_then(|finding| evidence.canary(finding));
+    }
+    Ok(proven.map(|fraud| {
+        let row = answered[answered.len() - rules::CANARY_FAILURES_TO_PROVE..].to_vec();
+        (fraud, row)
+    }))
+}
+
+/// Where a canary proof's period starts: at the node's last passed canary before the row (the
+/// hardware was as claimed then), or at its registration.
+async fn canary_evidence_since(state: &AppState, node: &NodeRecord, first: i64) -> ApiResult<i64> {
+    let passed = state
+        .store
+        .canaries_of_node(node.id, FINDINGS_READ_MAX)
+        .await?
+        .into_iter()
+        .filter(|canary| canary.id < first && canary.finding.as_deref() == Some("passed"))
+        .filter_map(|canary| canary.finished_at)
+        .max();
+    Ok(passed.unwrap_or(node.registered_at))
+}
+
+/// A canary as evidence: what was ordered, what came back signed, and what was found.
+pub fn evidence_of(canary: &CanaryRow) -> serde_json::Value {
+    serde_json::json!({
+        "canary_id": canary.id,
+        "claimed_model": canary.canary.claimed_model,
+        "units": canary.canary.units,
+        "gpus": gpus_of(canary),
+        "expected_rate_milli": canary.canary.expected_rate_milli,
+        "rate_milli": canary.rate_milli,
+        "finding": canary.finding,
+        "fingerprint": canary.canary.fingerprint,
+        "ordered_at_us": canary.canary.created_at,
+        "delivered_at_us": canary.delivered_at,
+        "answered_at_us": canary.finished_at,
+        "result": canary.result.as_deref().and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok()),
+        "signature_hex": canary.signature,
+    })
+}
+
+/// A canary as the API shows it.
+pub fn view_of(canary: &CanaryRow) -> api::CanaryView {
+    api::CanaryView {
+        id: canary.id,
+        node_id: canary.canary.node_id,
+        units: canary.canary.units,
+        gpus: gpus_of(canary),
+        claimed_model: canary.canary.claimed_model.clone(),
+        created_at_us: canary.canary.created_at,
+        delivered_at_us: canary.delivered_at,
+        finished_at_us: canary.finished_at,
+        finding: canary.finding.clone(),
+        rate_milli: canary.rate_milli,
+        expected_rate_milli: canary.canary.expected_rate_milli,
+        result: canary
+            .result
+            .as_deref()
+            .and_then(|text| serde_json::from_str(text).ok()),
+        signature_hex: canary.signature.clone(),
+    }
+}

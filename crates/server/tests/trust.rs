@@ -1,0 +1,622 @@
+//! The trust policy in the coordinator (docs/trust-policy.md), on both backends, with agents
+//! played by the test through signed requests: canaries ordered on registration and answered
+//! honestly or not, two slow or two wrong answers proving fraud (bond slashed by the rule's
+//! share, the node's tenants paid back, the node cordoned and its work moved), refused canary
+//! results kept as evidence, leases dropped from heartbeats, bonds, and gold work waiting for
+//! a gold badge. An honest node beside every liar is left alone.
+
+mod common;
+
+use common::{Account, Agent, Harness, job_request, on_every_backend_with, run_until_placed};
+use serde_json::{Value, json};
+
+/// Canaries at once after registration, looked for every 100 ms, one second long on the
+/// claimed GPU; gold work only for gold-badge providers.
+fn trust_config(config: &mut server::Config) {
+    config.gold_needs_badge = true;
+    config.canary_within_ms = 0;
+    config.canary_check_every_ms = 100;
+    config.canary_seconds = 1;
+    config.heartbeat_interval_ms = 100;
+}
+
+/// An H100 SXM5's canary rate: `trust::canary::expected_rate_milli(1000)`.
+const H100_RATE_MILLI: i64 = 100_000;
+/// $50 for each of a node's eight GPUs: the gold badge's bond.
+const BOND_DOLLARS: &str = "400.00";
+const BOND_MICROS: i64 = 400_000_000;
+
+/// Heartbeats until the coordinator orders a canary other than `answered`; returns it.
+async fn next_canary(h: &Harness, agent: &Agent, answered: &[i64]) -> Value {
+    h.wait_for(&format!("a canary for node {}", agent.node_id), async || {
+        let beat = agent
+            .signed("POST", "/v1/agent/heartbeat", Some(&json!({})))
+            .await
+            .expect(200, "heartbeat");
+        beat["canaries"]
+            .as_array()?
+            .iter()
+            .find(|order| !answered.contains(&order["id"].as_i64().unwrap_or(0)))
+            .cloned()
+    })
+    .await
+}
+
+/// The signed result of `order` as `agent` sends it: the known answer (or `digest`), run at
+/// `rate_permille` of an H100's rate.
+fn result(agent: &Agent, order: &Value, rate_permille: i64, digest: Option<&str>) -> Value {
+    let seed = order["seed"].as_str().expect("seed").to_string();
+    let units = order["units"].as_u64().expect("units");
+    let gpus: Vec<u8> = serde_json::from_value(order["gpus"].clone()).expect("gpus");
+    let rate_milli = H100_RATE_MILLI * rate_permille / 1000;
+    let body = trust::canary::CanaryResult {
+        canary_id: order["id"].as_i64().expect("id"),
+        seed: seed.clone(),
+        units: units as i64,
+        digest: digest.map_or_else(|| trust::canary::answer(&seed, &gpus, units), str::to_string),
+        elapsed_ms: (units as i64 * 1_000_000) / rate_milli.max(1),
+        rate_milli,
+        memory_allocated: true,
+        measured_on: "simulated:H100-SXM5".to_string(),
+    };
+    serde_json::to_value(trust::sign_record(&agent.key, agent.node_id, &body)).expect("serialises")
+}
+
+async fn answer(agent: &Agent, signed: &Value) -> common::Reply {
+    agent.signed("POST", "/v1/agent/canaries", Some(signed)).await
+}
+
+async fn bond(h: &Harness, provider: &Account) -> Value {
+    h.post(
+        &h.admin,
+        "/v1/admin/bonds",
+        json!({"provider_id": provider.id, "amount": BOND_DOLLARS, "key": common::unique("bond")}),
+    )
+    .await
+    .expect(200, "admin posts a bond")
+}
+
+async fn standing(h: &Harness, provider: &Account) -> Value {
+    h.get(&provider.key, "/v1/trust")
+        .await
+        .expect(200, "the provider's standing")
+}
+
+/// Every canary of a fraud decision's evidence verifies under the node's key, as anyone with
+/// the decision can check.
+fn check_evidence_signatures(fraud: &Value, agent: &Agent) {
+    let canaries = fraud["evidence"]["canaries"]
+        .as_array()
+        .expect("canaries in the evidence");
+    assert_eq!(canaries.len(), 2, "two canaries in a row: {fraud}");
+    for canary in canaries {
+        let body: trust::canary::CanaryResult =
+            serde_json::from_value(canary["result"].clone()).expect("the signed result is kept");
+        let signed = trust::SignedRecord {
+            body,
+            signature_hex: canary["signature_hex"].as_str().expect("its signature").to_string(),
+        };
+        trust::verify_record(&agent.key.verifying_key(), agent.node_id, &signed)
+            .expect("the kept result verifies under the node's key");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_false_gpu_model_fails_two_canaries_and_is_slashed_while_an_honest_node_passes() {
+    on_every_backend_with(trust_config, async |h: &Harness| {
+        let tenant = h.tenant("acme").await;
+        h.credit(&tenant, "100.00").await;
+        let honest_provider = h.provider("honest-farm").await;
+        let liar_provider = h.provider("liar-farm").await;
+        bond(h, &honest_provider).await;
+        let bonded = bond(h, &liar_provider).await;
+        assert_eq!(bonded["bond_micros"], BOND_MICROS, "{}: {bonded}", h.backend);
+        // The liar claims H100s (its GPUs are A100s: a third of the rate) and asks less.
+        let liar = h
+            .node(&liar_provider, "liar", |registration| {
+                registration["policy"]["asks"]["silver"] = json!("1.50");
+            })
+            .await;
+        let honest = h.node(&honest_provider, "honest", |_| {}).await;
+
+        // The tenant's job runs on the liar and is billed.
+        let job = h.submit(&tenant, job_request("on-the-liar")).await;
+        let job_id = job["id"].as_i64().unwrap();
+        let (_, lease) = run_until_placed(h, &liar, &tenant, job_id).await;
+        liar.event(&lease, "running").await.expect(200, "running");
+        let usage = liar
+            .signed("POST", "/v1/agent/usage", Some(&liar.usage(&lease, 1, 1000)))
+            .await
+            .expect(200, "usage");
+        let charged = usage["charged_micros"].as_i64().unwrap();
+        assert!(charged > 0, "{}: {usage}", h.backend);
+
+        // The honest node answers its canary at its full rate.
+        let order = next_canary(h, &honest, &[]).await;
+        assert_eq!(
+            order["units"], 100,
+            "{}: a second of an H100's work: {order}",
+            h.backend
+        );
+        assert_eq!(
+            order["gpus"].as_array().unwrap().len(),
+            8,
+            "{}: every idle GPU",
+            h.backend
+        );
+        assert_eq!(
+            order["memory_mib"],
+            80 * 1024 * 9 / 10,
+            "{}: 90 % of an H100's memory",
+            h.backend
+        );
+        let found = answer(&honest, &result(&honest, &order, 980, None))
+            .await
+            .expect(200, "honest");
+        assert_eq!(found, json!({"finding": "passed", "fraud": null}), "{}", h.backend);
+
+        // The liar's first canary, on its seven idle GPUs, is slow: a failed canary only.
+        let first = next_canary(h, &liar, &[]).await;
+        assert_eq!(
+            first["gpus"].as_array().unwrap().len(),
+            7,
+            "{}: not the leased GPU",
+            h.backend
+        );
+        let found = answer(&liar, &result(&liar, &first, 315, None))
+            .await
+            .expect(200, "slow");
+        assert_eq!(found["finding"], "slow", "{}", h.backend);
+        assert_eq!(
+            found["fraud"],
+            Value::Null,
+            "{}: one slow canary proves nothing",
+            h.backend
+        );
+        // The next comes at once; slow again, it proves false hardware (§ 3).
+        let second = next_canary(h, &liar, &[first["id"].as_i64().unwrap()]).await;
+        let found = answer(&liar, &result(&liar, &second, 315, None))
+            .await
+            .expect(200, "slow again");
+        assert_eq!(
+            found,
+            json!({"finding": "slow", "fraud": "false_hardware"}),
+            "{}",
+            h.backend
+        );
+
+        // Half the bond is slashed; the tenant gets back what it paid for the liar's work.
+        let frauds = h.get(&h.admin, "/v1/frauds").await.expect(200, "frauds");
+        let frauds = frauds.as_array().unwrap();
+        assert_eq!(frauds.len(), 1, "{}: {frauds:?}", h.backend);
+        let fraud = &frauds[0];
+        assert_eq!(
+            (
+                &fraud["node_id"],
+                &fraud["kind"],
+                &fraud["section"],
+                &fraud["share_permille"]
+            ),
+            (
+                &json!(liar.node_id),
+                &json!("false_hardware"),
+                &json!("§ 3"),
+                &json!(500)
+            ),
+            "{}",
+            h.backend
+        );
+        assert_eq!(fraud["bond_before_micros"], BOND_MICROS, "{}", h.backend);
+        assert_eq!(fraud["slashed_micros"], BOND_MICROS / 2, "{}", h.backend);
+        assert_eq!(
+            fraud["refunds"],
+            json!([{"tenant_id": tenant.id, "owed_micros": charged, "paid_micros": charged}]),
+            "{}",
+            h.backend
+        );
+        assert_eq!(fraud["to_platform_micros"], BOND_MICROS / 2 - charged, "{}", h.backend);
+        check_evidence_signatures(fraud, &liar);
+        let tenant_frauds = h
+            .get(&tenant.key, "/v1/frauds")
+            .await
+            .expect(200, "the tenant's frauds");
+        assert_eq!(
+            tenant_frauds.as_array().unwrap().len(),
+            1,
+            "{}: the refunded tenant sees it",
+            h.backend
+        );
+        let honest_frauds = h.get(&honest_provider.key, "/v1/frauds").await.expect(200, "frauds");
+        assert_eq!(
+            honest_frauds,
+            json!([]),
+            "{}: none concern the honest provider",
+            h.backend
+        );
+
+        // The liar is cordoned, its lease lost and the job queued again.
+        let liar_standing = standing(h, &liar_provider).await;
+        assert_eq!(liar_standing["bond_micros"], BOND_MICROS / 2, "{}", h.backend);
+        assert!(
+            liar_standing["nodes"][0]["fraud_cordoned_at_us"].is_i64(),
+            "{}: {liar_standing}",
+            h.backend
+        );
+        assert_eq!(
+            liar_standing["nodes"][0]["last_canary"]["finding"], "slow",
+            "{}",
+            h.backend
+        );
+        assert!(liar_standing["last_fraud_at_us"].is_i64(), "{}", h.backend);
+        let view = h
+            .get(&tenant.key, &format!("/v1/jobs/{job_id}"))
+            .await
+            .expect(200, "job");
+        assert_eq!(view["leases"][0]["state"], "lost", "{}: {view}", h.backend);
+        assert_ne!(view["state"], "failed", "{}: the job queues again: {view}", h.backend);
+        let inputs = &liar_standing["nodes"][0]["reputation"]["inputs"];
+        assert_eq!(
+            inputs["canary_failed"], 10.0,
+            "{}: two failures of weight 5: {inputs}",
+            h.backend
+        );
+
+        // The honest node is untouched: bond whole, its canary counted, no cordon; the job
+        // moves to it.
+        let honest_standing = standing(h, &honest_provider).await;
+        assert_eq!(honest_standing["bond_micros"], BOND_MICROS, "{}", h.backend);
+        assert_eq!(honest_standing["frauds"], json!([]), "{}", h.backend);
+        let node = &honest_standing["nodes"][0];
+        assert_eq!(node["fraud_cordoned_at_us"], Value::Null, "{}", h.backend);
+        assert_eq!(node["last_canary"]["finding"], "passed", "{}", h.backend);
+        assert_eq!(
+            node["reputation"]["inputs"]["canary_passed"], 2.0,
+            "{}: {node}",
+            h.backend
+        );
+        assert!(
+            node["reputation"]["score"].as_f64().unwrap() > 0.8,
+            "{}: {node}",
+            h.backend
+        );
+        let moved = h
+            .wait_for("the job to move to the honest node", async || {
+                honest.heartbeat().await;
+                let view = h
+                    .get(&tenant.key, &format!("/v1/jobs/{job_id}"))
+                    .await
+                    .expect(200, "job");
+                view["leases"]
+                    .as_array()?
+                    .iter()
+                    .find(|lease| lease["state"] != "lost")
+                    .cloned()
+            })
+            .await;
+        assert_eq!(moved["node_id"], honest.node_id, "{}: {moved}", h.backend);
+
+        // The tenant got its money back: the slash paid it, as its statement shows.
+        let statement = h.get(&tenant.key, "/v1/statement").await.expect(200, "statement");
+        let refunds: Vec<i64> = statement["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|line| line["kind"] == "slash")
+            .map(|line| line["amount_micros"].as_i64().unwrap())
+            .collect();
+        assert_eq!(refunds, vec![charged], "{}: {statement}", h.backend);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_wrong_answers_in_a_row_slash_the_whole_bond() {
+    on_every_backend_with(trust_config, async |h: &Harness| {
+        let provider = h.provider("broken-farm").await;
+        bond(h, &provider).await;
+        let node = h.node(&provider, "wrong", |_| {}).await;
+        let first = next_canary(h, &node, &[]).await;
+        let found = answer(&node, &result(&node, &first, 1000, Some(&"0".repeat(64))))
+            .await
+            .expect(200, "wrong");
+        assert_eq!(
+            found,
+            json!({"finding": "wrong_answer", "fraud": null}),
+            "{}",
+            h.backend
+        );
+        let message = h
+            .post(&provider.key, &format!("/v1/nodes/{}/verify", node.node_id), json!({}))
+            .await
+            .refused(409, "a canary less than a minute after the last");
+        assert!(
+            message.contains("ago") || message.contains("open"),
+            "{}: {message}",
+            h.backend
+        );
+        // The next comes at once after a failure; wrong again, the row proves it (§ 3).
+        let second = next_canary(h, &node, &[first["id"].as_i64().unwrap()]).await;
+        let found = answer(&node, &result(&node, &second, 1000, Some(&"f".repeat(64))))
+            .await
+            .expect(200, "wrong again");
+        assert_eq!(
+            found,
+            json!({"finding": "wrong_answer", "fraud": "wrong_answers"}),
+            "{}",
+            h.backend
+        );
+        let standing = standing(h, &provider).await;
+        assert_eq!(
+            standing["bond_micros"], 0,
+            "{}: wrong answers cost the whole bond",
+            h.backend
+        );
+        assert_eq!(standing["frauds"][0]["share_permille"], 1000, "{}", h.backend);
+        assert_eq!(
+            standing["frauds"][0]["refunds"],
+            json!([]),
+            "{}: nobody to refund",
+            h.backend
+        );
+        assert_eq!(
+            standing["frauds"][0]["to_platform_micros"], BOND_MICROS,
+            "{}",
+            h.backend
+        );
+        assert_eq!(standing["badge"], "none", "{}", h.backend);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forged_foreign_replayed_and_mismatched_canary_results_are_refused_and_kept() {
+    on_every_backend_with(trust_config, async |h: &Harness| {
+        let provider = h.provider("farm").await;
+        let node = h.node(&provider, "target", |_| {}).await;
+        let other = h.node(&provider, "other", |_| {}).await;
+        let order = next_canary(h, &node, &[]).await;
+        let honest = result(&node, &order, 1000, None);
+
+        let mut forged = honest.clone();
+        forged["body"]["rate_milli"] = json!(H100_RATE_MILLI * 2);
+        let message = answer(&node, &forged)
+            .await
+            .refused(401, "a result changed after signing");
+        assert!(message.contains("signature"), "{}: {message}", h.backend);
+
+        let by_other = result(&other, &order, 1000, None);
+        let message = answer(&other, &by_other).await.refused(403, "another node's canary");
+        assert!(message.contains("recorded"), "{}: {message}", h.backend);
+
+        let mut mismatched = order.clone();
+        mismatched["seed"] = json!("a-seed-never-ordered");
+        let message = answer(&node, &result(&node, &mismatched, 1000, None))
+            .await
+            .refused(400, "another seed");
+        assert!(message.contains("seed"), "{}: {message}", h.backend);
+
+        // The same signed request twice: the second is a replay.
+        let raw = node.raw("canary", "POST", "/v1/agent/canaries", Some(&honest));
+        let found = h.send_raw(&raw).await.expect(200, "the honest result");
+        assert_eq!(found["finding"], "passed", "{}", h.backend);
+        let message = h.send_raw(&raw).await.refused(409, "the replay");
+        assert!(message.contains("nonce"), "{}: {message}", h.backend);
+        // Sent again with a fresh signature: taken once only.
+        let message = answer(&node, &honest).await.refused(409, "a second answer");
+        assert!(message.contains("over already"), "{}: {message}", h.backend);
+
+        for (node_id, kind) in [
+            (node.node_id, "bad_canary_signature"),
+            (other.node_id, "foreign_canary"),
+            (node.node_id, "canary_mismatch"),
+            (node.node_id, "replayed_nonce"),
+        ] {
+            assert!(h.has_evidence(node_id, kind).await, "{}: {kind} is evidence", h.backend);
+        }
+        let frauds = h.get(&h.admin, "/v1/frauds").await.expect(200, "frauds");
+        assert_eq!(frauds, json!([]), "{}: refused input is no fraud by itself", h.backend);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leases_missing_from_heartbeats_are_dropped_and_two_prove_dropped_jobs() {
+    on_every_backend_with(trust_config, async |h: &Harness| {
+        let tenant = h.tenant("acme").await;
+        h.credit(&tenant, "100.00").await;
+        let provider = h.provider("flaky-farm").await;
+        bond(h, &provider).await;
+        let dropper = h.node(&provider, "dropper", |_| {}).await;
+        let beat = |leases: Vec<i64>| json!({"leases": leases});
+        for round in 0..2 {
+            let job = h.submit(&tenant, job_request(&format!("dropped-{round}"))).await;
+            let job_id = job["id"].as_i64().unwrap();
+            let (_, lease) = run_until_placed(h, &dropper, &tenant, job_id).await;
+            let lease_id = lease["id"].as_i64().unwrap();
+            dropper.event(&lease, "running").await.expect(200, "running");
+            // Heartbeats that list the lease keep it, however many.
+            for _ in 0..5 {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                dropper
+                    .signed("POST", "/v1/agent/heartbeat", Some(&beat(vec![lease_id])))
+                    .await
+                    .expect(200, "heartbeat listing the lease");
+            }
+            let view = h
+                .get(&tenant.key, &format!("/v1/jobs/{job_id}"))
+                .await
+                .expect(200, "job");
+            assert_eq!(view["leases"][0]["state"], "running", "{}: {view}", h.backend);
+            // Three that leave it out, with no attestation: dropped.
+            for _ in 0..3 {
+                dropper
+                    .signed("POST", "/v1/agent/heartbeat", Some(&beat(Vec::new())))
+                    .await
+                    .expect(200, "heartbeat without the lease");
+            }
+            let view = h
+                .wait_for("the dropped lease to be lost", async || {
+                    let view = h
+                        .get(&tenant.key, &format!("/v1/jobs/{job_id}"))
+                        .await
+                        .expect(200, "job");
+                    (view["leases"][0]["state"] == "lost").then_some(view)
+                })
+                .await;
+            assert_ne!(view["state"], "failed", "{}: the job queues again: {view}", h.backend);
+            assert!(
+                view["leases"][0]["end_reason"].as_str().unwrap().contains("dropped"),
+                "{}: {view}",
+                h.backend
+            );
+            let frauds = h.get(&h.admin, "/v1/frauds").await.expect(200, "frauds");
+            let expected = if round == 0 { 0 } else { 1 };
+            assert_eq!(frauds.as_array().unwrap().len(), expected, "{}: {frauds}", h.backend);
+            h.post(&tenant.key, &format!("/v1/jobs/{job_id}/cancel"), json!({}))
+                .await
+                .expect(200, "cancel the job");
+        }
+        let standing = standing(h, &provider).await;
+        assert_eq!(
+            standing["frauds"][0]["kind"], "dropped_jobs",
+            "{}: {standing}",
+            h.backend
+        );
+        assert_eq!(
+            standing["bond_micros"],
+            BOND_MICROS * 9 / 10,
+            "{}: 10 % slashed",
+            h.backend
+        );
+        let drops = standing["frauds"][0]["evidence"]["drops"].as_array().unwrap().len();
+        assert_eq!(drops, 2, "{}: both drops are the evidence", h.backend);
+        assert!(h.has_evidence(dropper.node_id, "dropped_lease").await, "{}", h.backend);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gold_work_waits_for_a_gold_badge_and_bonds_are_posted_by_the_rules() {
+    on_every_backend_with(trust_config, async |h: &Harness| {
+        let tenant = h.tenant("acme").await;
+        h.credit(&tenant, "100.00").await;
+        let provider = h.provider("new-farm").await;
+        let node = h.node(&provider, "fresh", |_| {}).await;
+        node.heartbeat().await;
+        let mut gold = job_request("gold-work");
+        gold["tier"] = json!("gold");
+        gold["max_price_per_gpu_hour"] = json!("5.00");
+        let gold_job = h.submit(&tenant, gold).await;
+        let silver_job = h.submit(&tenant, job_request("silver-work")).await;
+        run_until_placed(h, &node, &tenant, silver_job["id"].as_i64().unwrap()).await;
+        let waiting = h
+            .wait_for("the gold job's reason", async || {
+                node.heartbeat().await;
+                let view = h
+                    .get(&tenant.key, &format!("/v1/jobs/{}", gold_job["id"]))
+                    .await
+                    .expect(200, "job");
+                view["state_reason"]
+                    .as_str()
+                    .filter(|reason| reason.contains("gold"))
+                    .map(str::to_string)
+            })
+            .await;
+        assert!(waiting.contains("gold-badge"), "{}: {waiting}", h.backend);
+        let offers = h
+            .get(&tenant.key, "/v1/offers?filter=tier%3Dgold")
+            .await
+            .expect(200, "offers");
+        assert_eq!(
+            offers["total_matching"], 0,
+            "{}: no gold is sold without the badge: {offers}",
+            h.backend
+        );
+        let standing = standing(h, &provider).await;
+        assert_eq!(
+            standing["badge"], "none",
+            "{}: a new provider starts without one",
+            h.backend
+        );
+        assert_eq!(standing["gold_bond_needed_micros"], BOND_MICROS, "{}", h.backend);
+        assert_eq!(standing["nodes"][0]["gold_eligible"], false, "{}", h.backend);
+
+        // Bonds: from earnings (none yet), and by an admin, once per key.
+        let message = h
+            .post(
+                &provider.key,
+                "/v1/provider/bond",
+                json!({"amount": "10.00", "key": "first"}),
+            )
+            .await
+            .refused(402, "a bond larger than the earnings");
+        assert!(message.contains("earnings"), "{}: {message}", h.backend);
+        for _ in 0..2 {
+            let posted = h
+                .post(
+                    &h.admin,
+                    "/v1/admin/bonds",
+                    json!({"provider_id": provider.id, "amount": "25.00", "key": "once"}),
+                )
+                .await
+                .expect(200, "an admin posts a bond");
+            assert_eq!(
+                posted["bond_micros"], 25_000_000,
+                "{}: posted once: {posted}",
+                h.backend
+            );
+        }
+        let balance = h.get(&provider.key, "/v1/balance").await.expect(200, "balance");
+        assert_eq!(balance["bond_micros"], 25_000_000, "{}", h.backend);
+        for (body, status, says) in [
+            (
+                json!({"provider_id": tenant.id, "amount": "1.00", "key": "k"}),
+                400,
+                "providers",
+            ),
+            (
+                json!({"provider_id": 987_654, "amount": "1.00", "key": "k"}),
+                404,
+                "not found",
+            ),
+            (
+                json!({"provider_id": provider.id, "amount": "-1", "key": "k"}),
+                400,
+                "amount",
+            ),
+            (
+                json!({"provider_id": provider.id, "amount": "1.00", "key": ""}),
+                400,
+                "key",
+            ),
+            (json!({"amount": "1.00", "key": "k"}), 400, "provider_id"),
+        ] {
+            let message = h
+                .post(&h.admin, "/v1/admin/bonds", body.clone())
+                .await
+                .refused(status, &body.to_string());
+            assert!(message.contains(says), "{}: {body}: {message}", h.backend);
+        }
+        let message = h
+            .post(&tenant.key, "/v1/provider/bond", json!({"amount": "1.00", "key": "k"}))
+            .await
+            .refused(403, "a tenant posts a bond");
+        assert!(message.contains("provider"), "{}: {message}", h.backend);
+        h.get(&tenant.key, "/v1/trust")
+            .await
+            .refused(403, "a tenant reads a standing");
+        h.get(&h.admin, "/v1/trust")
+            .await
+            .refused(400, "an admin names no provider");
+        let other = h.provider("other-farm").await;
+        h.get(&other.key, &format!("/v1/trust?provider_id={}", provider.id))
+            .await
+            .refused(404, "another provider's standing");
+        let shown = h
+            .get(&h.admin, &format!("/v1/trust?provider_id={}", provider.id))
+            .await
+            .expect(200, "an admin reads a standing");
+        assert_eq!(shown["bond_micros"], 25_000_000, "{}", h.backend);
+    })
+    .await;
+}
