@@ -6,8 +6,8 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use store::{
-    ApiKeyRecord, Heartbeat, JobState, LeaseState, LedgerOutcome, LedgerTransactionRow, NewJob, NewLease, NewNode,
-    Role, Store, StoreError, UsageRow,
+    ApiKeyRecord, FraudRow, Heartbeat, JobState, LeaseState, LedgerOutcome, LedgerTransactionRow, NewCanary, NewJob,
+    NewLease, NewNode, Role, Store, StoreError, UsageRow,
 };
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -494,6 +494,204 @@ async fn usage_and_attestations_are_accepted_once() {
             store.outcomes(3, 0).await.unwrap(),
             vec![("lease_ok".to_string(), 1000, 1)]
         );
+    })
+    .await;
+}
+
+fn canary(node_id: i64, created_at: i64, deadline_at: i64) -> NewCanary {
+    NewCanary {
+        node_id,
+        seed: format!("seed-{created_at}"),
+        units: 100,
+        gpus: "[0,1]".to_string(),
+        memory_mib: 73_728,
+        claimed_model: "H100-SXM5".to_string(),
+        expected_rate_milli: 100_000,
+        fingerprint: "fp1".to_string(),
+        created_at,
+        deadline_at,
+    }
+}
+
+#[tokio::test]
+async fn canaries_outcomes_and_fraud_decisions() {
+    on_every_backend(|backend, store| async move {
+        let tenant = store.create_account(Role::Tenant, "t", 1).await.unwrap();
+        let provider = store.create_account(Role::Provider, "p", 1).await.unwrap();
+        let host = store.insert_node(&node(provider.id, "n1"), 1).await.unwrap();
+        let other = store.insert_node(&node(provider.id, "n2"), 1).await.unwrap();
+
+        // Canaries: ordered, delivered once, answered once, given up past their deadline.
+        let first = store.insert_canary(&canary(host.id, 10, 100)).await.unwrap();
+        let second = store.insert_canary(&canary(other.id, 20, 30)).await.unwrap();
+        assert_eq!(store.open_canary_nodes().await.unwrap().len(), 2, "{backend}");
+        store.mark_canary_delivered(first, 11).await.unwrap();
+        store.mark_canary_delivered(first, 12).await.unwrap();
+        let open = store.open_canaries_of_node(host.id).await.unwrap();
+        assert_eq!((open.len(), open[0].delivered_at), (1, Some(11)), "{backend}: the first delivery counts");
+        assert_eq!(store.overdue_canaries(50).await.unwrap().iter().map(|c| c.id).collect::<Vec<_>>(), [second]);
+        assert!(store.finish_canary(second, "unanswered", None, None, 50).await.unwrap());
+        assert!(
+            store
+                .finish_canary(first, "slow", Some(31_500), Some(("{\"rate_milli\":31500}", "sig")), 40)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store.finish_canary(first, "passed", None, None, 41).await.unwrap(),
+            "{backend}: a canary is answered once"
+        );
+        let answered = store.canary(first).await.unwrap().unwrap();
+        assert_eq!(
+            (answered.finding.as_deref(), answered.rate_milli, answered.signature.as_deref()),
+            (Some("slow"), Some(31_500), Some("sig")),
+            "{backend}"
+        );
+        store.insert_canary(&canary(other.id, 60, 900)).await.unwrap();
+        let mut latest: Vec<(i64, Option<String>)> = store
+            .latest_canaries()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.canary.node_id, c.finding))
+            .collect();
+        latest.sort();
+        assert_eq!(latest, [(host.id, Some("slow".to_string())), (other.id, None)], "{backend}");
+        let standings = store.canary_standings().await.unwrap();
+        assert_eq!(
+            standings,
+            [(host.id, Some("slow".to_string()), Some(40), 0), (other.id, None, None, 1)],
+            "{backend}: the latest answered canary, and the unanswered ones since"
+        );
+
+        // Outcomes with weights, read incrementally, and summed over a window.
+        store.record_outcome(host.id, "canary_failed", 40).await.unwrap();
+        store
+            .record_outcomes(&[
+                (host.id, "window_hour_present".to_string(), 750, 3_600),
+                (host.id, "window_hour_missed".to_string(), 250, 3_600),
+            ])
+            .await
+            .unwrap();
+        let since: Vec<(String, i64)> = store
+            .outcomes_since(41, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(_, _, outcome, weight, _)| (outcome, weight))
+            .collect();
+        assert_eq!(
+            since,
+            [("window_hour_present".to_string(), 750), ("window_hour_missed".to_string(), 250)],
+            "{backend}"
+        );
+        assert_eq!(store.outcome_weight_since(host.id, "window_hour_present", 0).await.unwrap(), 750);
+        assert_eq!(store.outcome_weight_since(host.id, "window_hour_present", 3_601).await.unwrap(), 0);
+
+        // What the node's tenants paid since a time, in the order they first paid.
+        let jobs = store.insert_jobs(&[job(tenant.id, None)]).await.unwrap();
+        let leases = store
+            .commit_placement(jobs[0].id, &[lease(host.id, 0)], 50)
+            .await
+            .unwrap()
+            .unwrap();
+        for (sequence, charged, at) in [(1, 400, 100), (2, 600, 200), (3, 0, 300)] {
+            let usage = UsageRow {
+                lease_id: leases[0].id,
+                sequence,
+                node_id: host.id,
+                gpu_seconds_milli: 1000,
+                charged_micros: charged,
+                body: "{}".to_string(),
+                signature: format!("sig-{sequence}"),
+                received_at: at,
+            };
+            store.insert_usage(&usage).await.unwrap();
+        }
+        assert_eq!(store.charges_on_node_since(host.id, 0).await.unwrap(), [(tenant.id, 1000)]);
+        assert_eq!(store.charges_on_node_since(host.id, 150).await.unwrap(), [(tenant.id, 600)]);
+        assert_eq!(store.charges_on_node_since(other.id, 0).await.unwrap(), []);
+        assert_eq!(store.usage_row(leases[0].id, 2).await.unwrap().unwrap().signature, "sig-2");
+        assert_eq!(store.usage_row(leases[0].id, 9).await.unwrap(), None);
+
+        // Evidence by kind since a time.
+        let kept = store.record_evidence(Some(host.id), "usage_violation", "{}", 500).await.unwrap();
+        store.record_evidence(Some(host.id), "bad_signature", "x", 501).await.unwrap();
+        store.record_evidence(Some(host.id), "usage_violation", "{}", 400).await.unwrap();
+        let found = store
+            .evidence_of_kinds_since(host.id, &["usage_violation"], 450)
+            .await
+            .unwrap();
+        assert_eq!(found.iter().map(|row| row.0).collect::<Vec<_>>(), [kept], "{backend}");
+
+        // A fraud decision with its slash and the node's cordon, once per ledger key.
+        let bond = transaction(
+            "bond:p",
+            &[(&format!("provider:{}:bond", provider.id), 1_000), ("external", -1_000)],
+        );
+        store.apply_ledger(&bond, &[0, i64::MIN]).await.unwrap();
+        let slash = LedgerTransactionRow {
+            kind: "slash".to_string(),
+            ..transaction(
+                "slash:node-1:false_hardware:canary-1",
+                &[
+                    (&format!("provider:{}:bond", provider.id), -500),
+                    (&format!("tenant:{}:available", tenant.id), 300),
+                    ("platform:fees", 200),
+                ],
+            )
+        };
+        let fraud = FraudRow {
+            id: 0,
+            node_id: host.id,
+            provider_id: provider.id,
+            kind: "false_hardware".to_string(),
+            section: "§ 3".to_string(),
+            share_permille: 500,
+            bond_before: 1_000,
+            slashed: 500,
+            refunds: "[]".to_string(),
+            to_platform: 200,
+            evidence: "{}".to_string(),
+            decided_at: 600,
+            ledger_key: slash.key.clone(),
+        };
+        let decided = store
+            .record_fraud(&fraud, Some((&slash, &[0, 0, 0])))
+            .await
+            .unwrap();
+        assert!(decided.is_some(), "{backend}");
+        assert_eq!(
+            store.record_fraud(&fraud, Some((&slash, &[0, 0, 0]))).await.unwrap(),
+            None,
+            "{backend}: decided once"
+        );
+        assert_eq!(store.balance(&format!("provider:{}:bond", provider.id)).await.unwrap(), 500);
+        assert_eq!(store.balance(&format!("tenant:{}:available", tenant.id)).await.unwrap(), 300);
+        assert_eq!(store.node(host.id).await.unwrap().unwrap().fraud_cordoned_at, Some(600));
+        assert_eq!(store.last_fraud_of_node(host.id).await.unwrap(), Some(600));
+        assert_eq!(store.last_fraud_of_node(other.id).await.unwrap(), None);
+        assert_eq!(store.last_frauds_of_providers().await.unwrap(), [(provider.id, 600)]);
+        assert_eq!(store.frauds(Some(provider.id), 10).await.unwrap()[0].kind, "false_hardware");
+        assert!(store.frauds(Some(tenant.id), 10).await.unwrap().is_empty());
+        // A slash that would take a bond below zero leaves no decision behind.
+        let too_much = LedgerTransactionRow {
+            kind: "slash".to_string(),
+            ..transaction(
+                "slash:node-2:dropped_jobs:drop-1",
+                &[(&format!("provider:{}:bond", provider.id), -5_000), ("platform:fees", 5_000)],
+            )
+        };
+        let refused = FraudRow {
+            node_id: other.id,
+            ledger_key: too_much.key.clone(),
+            ..fraud.clone()
+        };
+        assert!(store.record_fraud(&refused, Some((&too_much, &[0, 0]))).await.is_err());
+        assert_eq!(store.frauds(None, 10).await.unwrap().len(), 1, "{backend}: nothing half-written");
+        assert_eq!(store.node(other.id).await.unwrap().unwrap().fraud_cordoned_at, None);
+        store.lift_fraud_cordon(host.id, 700).await.unwrap();
+        assert_eq!(store.node(host.id).await.unwrap().unwrap().fraud_cordoned_at, None);
     })
     .await;
 }
