@@ -124,14 +124,25 @@ struct Seen {
 }
 
 /// An agent's usage request, its record inflated and signed again by the node's own key.
-fn inflated(body: &[u8], permille: i64, data_dir: &std::path::Path, path: &str) -> (Vec<u8>, Vec<(&'static str, String)>) {
+fn inflated(
+    body: &[u8],
+    permille: i64,
+    data_dir: &std::path::Path,
+    path: &str,
+) -> (Vec<u8>, Vec<(&'static str, String)>) {
     let key = agent::state::load_key(data_dir).expect("the node's key");
-    let node = agent::state::read_node(data_dir).unwrap().expect("a registered node").node_id;
+    let node = agent::state::read_node(data_dir)
+        .unwrap()
+        .expect("a registered node")
+        .node_id;
     let mut signed: trust::SignedRecord<trust::UsageRecord> =
         serde_json::from_slice(body).expect("the agent posts a signed usage record");
     signed.body.gpu_seconds_milli = signed.body.gpu_seconds_milli * permille / 1000;
     let body = serde_json::to_vec(&trust::sign_record(&key, node, &signed.body)).unwrap();
-    let headers = key.sign_request_now(node, "POST", path, &body, now_ms()).header_pairs().to_vec();
+    let headers = key
+        .sign_request_now(node, "POST", path, &body, now_ms())
+        .header_pairs()
+        .to_vec();
     (body, headers)
 }
 
@@ -474,7 +485,11 @@ async fn the_coordinator_takes_the_agents_signed_result() {
         "the coordinator answered {}",
         answer.coordinator_answer
     );
-    assert!(answer.coordinator_answer.contains("not ordered"), "{}", answer.coordinator_answer);
+    assert!(
+        answer.coordinator_answer.contains("not ordered"),
+        "{}",
+        answer.coordinator_answer
+    );
     running.stop().await;
     world.running.stop().await;
     let _ = std::fs::remove_dir_all(&world.dir);
@@ -550,7 +565,14 @@ async fn wait_until<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) ->
 /// The job's lease on `node`, once the job runs there.
 async fn running_on(world: &World, job: i64, node: i64) -> Value {
     wait_until(&format!("job {job} to run on node {node}"), async || {
-        let (_, view) = call(world, &world.tenant_key, reqwest::Method::GET, &format!("/v1/jobs/{job}"), None).await;
+        let (_, view) = call(
+            world,
+            &world.tenant_key,
+            reqwest::Method::GET,
+            &format!("/v1/jobs/{job}"),
+            None,
+        )
+        .await;
         view["leases"]
             .as_array()?
             .iter()
@@ -577,7 +599,11 @@ async fn standing(world: &World, provider: i64) -> Value {
 async fn fraud_against(world: &World, node: i64) -> Value {
     wait_until(&format!("a fraud decision about node {node}"), async || {
         let (_, frauds) = call(world, &world.admin_key, reqwest::Method::GET, "/v1/frauds", None).await;
-        frauds.as_array()?.iter().find(|fraud| fraud["node_id"] == node).cloned()
+        frauds
+            .as_array()?
+            .iter()
+            .find(|fraud| fraud["node_id"] == node)
+            .cloned()
     })
     .await
 }
@@ -632,7 +658,10 @@ async fn an_agent_claiming_h100s_on_a100s_is_caught_by_canaries_slashed_and_its_
     let key = agent::state::load_key(&liar.data_dir).unwrap();
     for canary in canaries {
         assert_eq!(canary["finding"], "slow", "{canary}");
-        assert!(canary["rate_milli"].as_i64().unwrap() < H100_RATE_MILLI * 60 / 100, "{canary}");
+        assert!(
+            canary["rate_milli"].as_i64().unwrap() < H100_RATE_MILLI * 60 / 100,
+            "{canary}"
+        );
         let signed = trust::SignedRecord {
             body: serde_json::from_value::<trust::canary::CanaryResult>(canary["result"].clone()).unwrap(),
             signature_hex: canary["signature_hex"].as_str().unwrap().to_string(),
@@ -653,9 +682,20 @@ async fn an_agent_claiming_h100s_on_a100s_is_caught_by_canaries_slashed_and_its_
     assert!(view["nodes"][0]["fraud_cordoned_at_us"].is_i64(), "{view}");
     // The job leaves the liar and finishes on the honest node.
     running_on(&world, job, honest.node_id).await;
-    let (_, lost) = call(&world, &world.tenant_key, reqwest::Method::GET, &format!("/v1/jobs/{job}"), None).await;
+    let (_, lost) = call(
+        &world,
+        &world.tenant_key,
+        reqwest::Method::GET,
+        &format!("/v1/jobs/{job}"),
+        None,
+    )
+    .await;
     assert!(
-        lost["leases"].as_array().unwrap().iter().any(|lease| lease["node_id"] == liar.node_id && lease["state"] == "lost"),
+        lost["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|lease| lease["node_id"] == liar.node_id && lease["state"] == "lost"),
         "{lost}"
     );
     wait_until("the honest node's canary", async || {
@@ -703,7 +743,12 @@ async fn an_agent_inflating_its_usage_is_caught_by_the_cross_checks_slashed_and_
         assert_eq!(record["detail"]["violation"]["check"], "over_capacity", "{record}");
     }
     let answers = liar.seen.lock().unwrap().usage_answers.clone();
-    assert!(answers.iter().all(|status| *status == 400 || *status == 403 || *status == 409), "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|status| *status == 400 || *status == 403 || *status == 409),
+        "{answers:?}"
+    );
     // Nothing the liar claimed was billed; the tenant paid nothing for it.
     assert_eq!(fraud["refunds"], json!([]), "{fraud}");
     let view = standing(&world, liar_provider).await;
@@ -717,7 +762,14 @@ async fn an_agent_inflating_its_usage_is_caught_by_the_cross_checks_slashed_and_
     .await;
     // The honest agent's records are taken and billed (the liar's never were).
     wait_until("the honest node's usage to be billed", async || {
-        let (_, view) = call(&world, &world.tenant_key, reqwest::Method::GET, &format!("/v1/jobs/{job}"), None).await;
+        let (_, view) = call(
+            &world,
+            &world.tenant_key,
+            reqwest::Method::GET,
+            &format!("/v1/jobs/{job}"),
+            None,
+        )
+        .await;
         (view["cost_micros"].as_i64()? > 0).then_some(())
     })
     .await;

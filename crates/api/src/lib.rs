@@ -549,6 +549,12 @@ pub struct TrustView {
     pub bond_micros: i64,
     /// none, bronze, silver or gold (docs/trust-policy.md § 2).
     pub badge: String,
+    /// The badge above it (none above gold), and each of its thresholds the provider misses, in
+    /// words ("10 outcomes (now 3.0)"); none missing: it shows at the coordinator's next look.
+    #[serde(default)]
+    pub next_badge: Option<String>,
+    #[serde(default)]
+    pub next_badge_needs: Vec<String>,
     pub reputation: ReputationView,
     pub gpus_offered: u32,
     /// The gold badge's bond: $50 per GPU offered.

@@ -33,11 +33,11 @@ enum Command {
     Offers(cli::offers::OffersArgs),
     /// Tenants: balance and usage.
     Tenant(cli::tenant::TenantArgs),
-    /// Providers: nodes, their policy and their calendar.
+    /// Providers: nodes, their policy, their calendar and their canaries.
     Node(cli::node::NodeArgs),
-    /// Providers: earnings.
+    /// Providers: earnings, standing under the trust policy, bonds and fraud decided.
     Provider(cli::provider::ProviderArgs),
-    /// Admins: accounts, API keys and credits.
+    /// Admins: accounts, API keys, credits, bonds and fraud decided.
     Admin(cli::admin::AdminArgs),
     /// Shell completions (bash, zsh, fish, elvish, powershell).
     Completions(cli::completions::CompletionsArgs),

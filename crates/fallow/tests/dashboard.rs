@@ -372,6 +372,10 @@ async fn dashboard_pages_show_each_party_only_its_own_and_escape_what_users_wrot
     let (status, _, body) = page(&format!("{base}/dashboard/provider"), Some(&provider_key)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body.contains("No nodes yet"), "{body}");
+    assert!(
+        body.contains("<h2>Trust</h2>") && body.contains("The bronze badge needs a lower bound"),
+        "the provider's standing: {body}"
+    );
 
     // Signing out forgets the cookie.
     let response = plain_http()

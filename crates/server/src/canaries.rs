@@ -32,29 +32,46 @@ const SEED_BYTES: usize = 16;
 /// Which nodes have canaries open, so that a heartbeat asks the store only for those.
 #[derive(Default)]
 pub struct Hints {
-    open: Mutex<(Option<Instant>, HashSet<i64>)>,
+    open: Mutex<OpenCanaries>,
+}
+
+#[derive(Default)]
+struct OpenCanaries {
+    read_at: Option<Instant>,
+    nodes: HashSet<i64>,
+    /// A heartbeat is reading them again: the others answer from what is known meanwhile.
+    reading: bool,
+    /// Nodes this replica ordered canaries on since that read began.
+    added: HashSet<i64>,
 }
 
 impl Hints {
-    /// Whether `node` may have an open canary (read again from the store once a second).
+    /// Whether `node` may have an open canary (read again from the store once a second, by one
+    /// heartbeat at a time).
     async fn may_have(&self, state: &AppState, node: i64) -> ApiResult<bool> {
-        let fresh = {
-            let open = self.open.lock().expect("canary hints lock");
-            open.0
-                .is_some_and(|at| at.elapsed() < HINTS_FRESH_FOR)
-                .then(|| open.1.contains(&node))
-        };
-        if let Some(known) = fresh {
-            return Ok(known);
+        {
+            let mut open = self.open.lock().expect("canary hints lock");
+            let fresh = open.read_at.is_some_and(|at| at.elapsed() < HINTS_FRESH_FOR);
+            if fresh || (open.reading && open.read_at.is_some()) {
+                return Ok(open.nodes.contains(&node));
+            }
+            open.reading = true;
+            open.added.clear();
         }
-        let nodes: HashSet<i64> = state.store.open_canary_nodes().await?.into_iter().collect();
-        let has = nodes.contains(&node);
-        *self.open.lock().expect("canary hints lock") = (Some(Instant::now()), nodes);
-        Ok(has)
+        let read = state.store.open_canary_nodes().await;
+        let mut open = self.open.lock().expect("canary hints lock");
+        open.reading = false;
+        let mut nodes: HashSet<i64> = read?.into_iter().collect();
+        nodes.extend(open.added.drain());
+        open.nodes = nodes;
+        open.read_at = Some(Instant::now());
+        Ok(open.nodes.contains(&node))
     }
 
     fn add(&self, node: i64) {
-        self.open.lock().expect("canary hints lock").1.insert(node);
+        let mut open = self.open.lock().expect("canary hints lock");
+        open.nodes.insert(node);
+        open.added.insert(node);
     }
 }
 

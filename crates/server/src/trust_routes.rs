@@ -64,6 +64,13 @@ pub(crate) async fn trust_view(state: &AppState, provider_id: i64) -> ApiResult<
     let records = state.store.nodes_of_provider(provider_id).await?;
     let standings = reputation::standings(state, &NodeFacts::all(&records), now).await?;
     let provider = standings.providers.get(&provider_id);
+    let mut last_canaries: std::collections::HashMap<i64, CanaryView> = state
+        .store
+        .latest_canaries_of_provider(provider_id)
+        .await?
+        .iter()
+        .map(|canary| (canary.canary.node_id, canaries::view_of(canary)))
+        .collect();
     let mut nodes = Vec::with_capacity(records.len());
     for record in &records {
         let Some(standing) = standings.nodes.get(&record.id) else {
@@ -75,15 +82,15 @@ pub(crate) async fn trust_view(state: &AppState, provider_id: i64) -> ApiResult<
             reputation: reputation_view(&standing.reputation),
             fraud_cordoned_at_us: standing.fraud_cordoned_at,
             gold_eligible: standing.gold_eligible,
-            last_canary: state
-                .store
-                .canaries_of_node(record.id, 1)
-                .await?
-                .first()
-                .map(canaries::view_of),
+            last_canary: last_canaries.remove(&record.id),
         });
     }
     let gpus_offered = provider.map_or(0, |provider| provider.history.gpus_offered);
+    let (next_badge, next_badge_needs) = provider
+        .and_then(|provider| trust::rules::next_badge(&provider.reputation, &provider.history, now / 1000))
+        .map_or((None, Vec::new()), |(badge, needs)| {
+            (Some(badge.name().to_string()), needs)
+        });
     Ok(TrustView {
         provider_id,
         bond_micros: money::balance(&state.store, Account::ProviderBond(provider_id))
@@ -93,6 +100,8 @@ pub(crate) async fn trust_view(state: &AppState, provider_id: i64) -> ApiResult<
             .map_or(trust::rules::Badge::None, |provider| provider.badge)
             .name()
             .to_string(),
+        next_badge,
+        next_badge_needs,
         reputation: reputation_view(&provider.map_or_else(trust::rules::Reputation::default, |provider| {
             provider.reputation.clone()
         })),
@@ -196,7 +205,7 @@ pub async fn admin_bond(
     State(state): AppStateRef,
     Auth(caller): Auth,
     JsonBody(request): JsonBody<BondRequest>,
-) -> ApiResult<(StatusCode, Json<TrustView>)> {
+) -> ApiResult<Json<TrustView>> {
     require(&caller, &[Role::Admin])?;
     let provider = request
         .provider_id
@@ -220,11 +229,11 @@ pub async fn admin_bond(
     )
     .map_err(money::ledger_error)?;
     money::apply(&state.store, &transaction).await?;
-    Ok((StatusCode::OK, Json(trust_view(&state, provider).await?)))
+    Ok(Json(trust_view(&state, provider).await?))
 }
 
-/// Whether `caller` may read a fraud decision: its provider, a tenant it refunded (or one
-/// whose money the evidence's period held), and admins.
+/// Whether `caller` may read a fraud decision: its provider, a tenant it owed a refund (paid
+/// or, the slashed money short, not), and admins.
 fn concerns(caller: &Caller, fraud: &FraudView) -> bool {
     match caller.role {
         Role::Admin => true,
@@ -236,8 +245,16 @@ fn concerns(caller: &Caller, fraud: &FraudView) -> bool {
 /// `GET /v1/frauds`: the fraud decisions that concern the caller, newest first, each with the
 /// rule applied, the amounts and the evidence (signed records and canary results).
 pub async fn frauds(State(state): AppStateRef, Auth(caller): Auth) -> ApiResult<Json<Vec<FraudView>>> {
-    let provider = (caller.role == Role::Provider).then_some(caller.account_id);
-    let rows = state.store.frauds(provider, FRAUDS_LISTED_MAX).await?;
+    let rows = match caller.role {
+        Role::Admin => state.store.frauds(None, FRAUDS_LISTED_MAX).await?,
+        Role::Provider => state.store.frauds(Some(caller.account_id), FRAUDS_LISTED_MAX).await?,
+        Role::Tenant => {
+            state
+                .store
+                .frauds_refunding(caller.account_id, FRAUDS_LISTED_MAX)
+                .await?
+        }
+    };
     Ok(Json(
         rows.iter()
             .map(fraud_view)

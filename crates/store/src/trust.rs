@@ -221,6 +221,30 @@ impl Store {
         rows.iter().map(canary_from).collect()
     }
 
+    /// The fraud decisions that paid `tenant` back, newest first: their refunds name it.
+    pub async fn frauds_refunding(&self, tenant: i64, limit: i64) -> Result<Vec<FraudRow>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {FRAUD_COLUMNS} FROM frauds WHERE refunds LIKE $1 ORDER BY id DESC LIMIT $2"
+        )))
+        .bind(format!("%\"tenant_id\":{tenant},%"))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(fraud_from).collect()
+    }
+
+    /// The latest canary of each of a provider's nodes.
+    pub async fn latest_canaries_of_provider(&self, provider_id: i64) -> Result<Vec<CanaryRow>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {CANARY_COLUMNS} FROM canaries WHERE id IN (SELECT MAX(c.id) FROM canaries c \
+             JOIN nodes n ON n.id = c.node_id WHERE n.provider_id = $1 GROUP BY c.node_id)"
+        )))
+        .bind(provider_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(canary_from).collect()
+    }
+
     /// Fraud decisions, newest first: all, or a provider's.
     pub async fn frauds(&self, provider_id: Option<i64>, limit: i64) -> Result<Vec<FraudRow>> {
         let rows = match provider_id {

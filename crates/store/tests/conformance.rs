@@ -528,8 +528,21 @@ async fn canaries_outcomes_and_fraud_decisions() {
         store.mark_canary_delivered(first, 11).await.unwrap();
         store.mark_canary_delivered(first, 12).await.unwrap();
         let open = store.open_canaries_of_node(host.id).await.unwrap();
-        assert_eq!((open.len(), open[0].delivered_at), (1, Some(11)), "{backend}: the first delivery counts");
-        assert_eq!(store.overdue_canaries(50).await.unwrap().iter().map(|c| c.id).collect::<Vec<_>>(), [second]);
+        assert_eq!(
+            (open.len(), open[0].delivered_at),
+            (1, Some(11)),
+            "{backend}: the first delivery counts"
+        );
+        assert_eq!(
+            store
+                .overdue_canaries(50)
+                .await
+                .unwrap()
+                .iter()
+                .map(|c| c.id)
+                .collect::<Vec<_>>(),
+            [second]
+        );
         assert!(store.finish_canary(second, "unanswered", None, None, 50).await.unwrap());
         assert!(
             store
@@ -543,7 +556,11 @@ async fn canaries_outcomes_and_fraud_decisions() {
         );
         let answered = store.canary(first).await.unwrap().unwrap();
         assert_eq!(
-            (answered.finding.as_deref(), answered.rate_milli, answered.signature.as_deref()),
+            (
+                answered.finding.as_deref(),
+                answered.rate_milli,
+                answered.signature.as_deref()
+            ),
             (Some("slow"), Some(31_500), Some("sig")),
             "{backend}"
         );
@@ -556,11 +573,18 @@ async fn canaries_outcomes_and_fraud_decisions() {
             .map(|c| (c.canary.node_id, c.finding))
             .collect();
         latest.sort();
-        assert_eq!(latest, [(host.id, Some("slow".to_string())), (other.id, None)], "{backend}");
+        assert_eq!(
+            latest,
+            [(host.id, Some("slow".to_string())), (other.id, None)],
+            "{backend}"
+        );
         let standings = store.canary_standings().await.unwrap();
         assert_eq!(
             standings,
-            [(host.id, Some("slow".to_string()), Some(40), 0), (other.id, None, None, 1)],
+            [
+                (host.id, Some("slow".to_string()), Some(40), 0),
+                (other.id, None, None, 1)
+            ],
             "{backend}: the latest answered canary, and the unanswered ones since"
         );
 
@@ -582,11 +606,26 @@ async fn canaries_outcomes_and_fraud_decisions() {
             .collect();
         assert_eq!(
             since,
-            [("window_hour_present".to_string(), 750), ("window_hour_missed".to_string(), 250)],
+            [
+                ("window_hour_present".to_string(), 750),
+                ("window_hour_missed".to_string(), 250)
+            ],
             "{backend}"
         );
-        assert_eq!(store.outcome_weight_since(host.id, "window_hour_present", 0).await.unwrap(), 750);
-        assert_eq!(store.outcome_weight_since(host.id, "window_hour_present", 3_601).await.unwrap(), 0);
+        assert_eq!(
+            store
+                .outcome_weight_since(host.id, "window_hour_present", 0)
+                .await
+                .unwrap(),
+            750
+        );
+        assert_eq!(
+            store
+                .outcome_weight_since(host.id, "window_hour_present", 3_601)
+                .await
+                .unwrap(),
+            0
+        );
 
         // What the node's tenants paid since a time, in the order they first paid.
         let jobs = store.insert_jobs(&[job(tenant.id, None)]).await.unwrap();
@@ -608,16 +647,34 @@ async fn canaries_outcomes_and_fraud_decisions() {
             };
             store.insert_usage(&usage).await.unwrap();
         }
-        assert_eq!(store.charges_on_node_since(host.id, 0).await.unwrap(), [(tenant.id, 1000)]);
-        assert_eq!(store.charges_on_node_since(host.id, 150).await.unwrap(), [(tenant.id, 600)]);
+        assert_eq!(
+            store.charges_on_node_since(host.id, 0).await.unwrap(),
+            [(tenant.id, 1000)]
+        );
+        assert_eq!(
+            store.charges_on_node_since(host.id, 150).await.unwrap(),
+            [(tenant.id, 600)]
+        );
         assert_eq!(store.charges_on_node_since(other.id, 0).await.unwrap(), []);
-        assert_eq!(store.usage_row(leases[0].id, 2).await.unwrap().unwrap().signature, "sig-2");
+        assert_eq!(
+            store.usage_row(leases[0].id, 2).await.unwrap().unwrap().signature,
+            "sig-2"
+        );
         assert_eq!(store.usage_row(leases[0].id, 9).await.unwrap(), None);
 
         // Evidence by kind since a time.
-        let kept = store.record_evidence(Some(host.id), "usage_violation", "{}", 500).await.unwrap();
-        store.record_evidence(Some(host.id), "bad_signature", "x", 501).await.unwrap();
-        store.record_evidence(Some(host.id), "usage_violation", "{}", 400).await.unwrap();
+        let kept = store
+            .record_evidence(Some(host.id), "usage_violation", "{}", 500)
+            .await
+            .unwrap();
+        store
+            .record_evidence(Some(host.id), "bad_signature", "x", 501)
+            .await
+            .unwrap();
+        store
+            .record_evidence(Some(host.id), "usage_violation", "{}", 400)
+            .await
+            .unwrap();
         let found = store
             .evidence_of_kinds_since(host.id, &["usage_violation"], 450)
             .await
@@ -656,30 +713,39 @@ async fn canaries_outcomes_and_fraud_decisions() {
             decided_at: 600,
             ledger_key: slash.key.clone(),
         };
-        let decided = store
-            .record_fraud(&fraud, Some((&slash, &[0, 0, 0])))
-            .await
-            .unwrap();
+        let decided = store.record_fraud(&fraud, Some((&slash, &[0, 0, 0]))).await.unwrap();
         assert!(decided.is_some(), "{backend}");
         assert_eq!(
             store.record_fraud(&fraud, Some((&slash, &[0, 0, 0]))).await.unwrap(),
             None,
             "{backend}: decided once"
         );
-        assert_eq!(store.balance(&format!("provider:{}:bond", provider.id)).await.unwrap(), 500);
-        assert_eq!(store.balance(&format!("tenant:{}:available", tenant.id)).await.unwrap(), 300);
+        assert_eq!(
+            store.balance(&format!("provider:{}:bond", provider.id)).await.unwrap(),
+            500
+        );
+        assert_eq!(
+            store.balance(&format!("tenant:{}:available", tenant.id)).await.unwrap(),
+            300
+        );
         assert_eq!(store.node(host.id).await.unwrap().unwrap().fraud_cordoned_at, Some(600));
         assert_eq!(store.last_fraud_of_node(host.id).await.unwrap(), Some(600));
         assert_eq!(store.last_fraud_of_node(other.id).await.unwrap(), None);
         assert_eq!(store.last_frauds_of_providers().await.unwrap(), [(provider.id, 600)]);
-        assert_eq!(store.frauds(Some(provider.id), 10).await.unwrap()[0].kind, "false_hardware");
+        assert_eq!(
+            store.frauds(Some(provider.id), 10).await.unwrap()[0].kind,
+            "false_hardware"
+        );
         assert!(store.frauds(Some(tenant.id), 10).await.unwrap().is_empty());
         // A slash that would take a bond below zero leaves no decision behind.
         let too_much = LedgerTransactionRow {
             kind: "slash".to_string(),
             ..transaction(
                 "slash:node-2:dropped_jobs:drop-1",
-                &[(&format!("provider:{}:bond", provider.id), -5_000), ("platform:fees", 5_000)],
+                &[
+                    (&format!("provider:{}:bond", provider.id), -5_000),
+                    ("platform:fees", 5_000),
+                ],
             )
         };
         let refused = FraudRow {
@@ -688,7 +754,11 @@ async fn canaries_outcomes_and_fraud_decisions() {
             ..fraud.clone()
         };
         assert!(store.record_fraud(&refused, Some((&too_much, &[0, 0]))).await.is_err());
-        assert_eq!(store.frauds(None, 10).await.unwrap().len(), 1, "{backend}: nothing half-written");
+        assert_eq!(
+            store.frauds(None, 10).await.unwrap().len(),
+            1,
+            "{backend}: nothing half-written"
+        );
         assert_eq!(store.node(other.id).await.unwrap().unwrap().fraud_cordoned_at, None);
         store.lift_fraud_cordon(host.id, 700).await.unwrap();
         assert_eq!(store.node(host.id).await.unwrap().unwrap().fraud_cordoned_at, None);

@@ -235,6 +235,63 @@ pub fn badge(reputation: &Reputation, history: &History, now_ms: i64) -> Badge {
     Badge::None
 }
 
+/// § 2: the next badge above the one the provider has, and in words each threshold of it the
+/// provider misses (empty when it meets them all: it shows at the next look). `None` above gold.
+pub fn next_badge(reputation: &Reputation, history: &History, now_ms: i64) -> Option<(Badge, Vec<String>)> {
+    let current = badge(reputation, history, now_ms);
+    // The thresholds run from gold down: the next one up is just before the current badge.
+    let index = BADGE_THRESHOLDS
+        .iter()
+        .position(|(badge, ..)| *badge == current)
+        .unwrap_or(BADGE_THRESHOLDS.len());
+    let &(next, min_bound, min_evidence, min_days) = BADGE_THRESHOLDS.get(index.checked_sub(1)?)?;
+    let mut missing = Vec::new();
+    if reputation.lower_bound() < min_bound {
+        missing.push(format!(
+            "a lower bound of {min_bound:.2} (now {:.3})",
+            reputation.lower_bound()
+        ));
+    }
+    if reputation.evidence() < min_evidence {
+        missing.push(format!("{min_evidence:.0} outcomes (now {:.1})", reputation.evidence()));
+    }
+    let days = (now_ms - history.first_registered_ms).max(0) / DAY_MS;
+    if days < min_days {
+        missing.push(format!("{min_days} days since the first node registered (now {days})"));
+    }
+    match next {
+        Badge::Gold => {
+            if history.last_fraud_ms.is_some() {
+                missing.push("no proven fraud ever".to_string());
+            }
+            let needed = GOLD_BOND_PER_GPU_MICROS * i64::from(history.gpus_offered.max(1));
+            if history.bond_micros < needed {
+                missing.push(format!(
+                    "a bond of {} (now {})",
+                    dollars(needed),
+                    dollars(history.bond_micros)
+                ));
+            }
+        }
+        Badge::Silver => {
+            if history
+                .last_fraud_ms
+                .is_some_and(|at| now_ms - at <= SILVER_CLEAN_DAYS * DAY_MS)
+            {
+                missing.push(format!("no proven fraud in the last {SILVER_CLEAN_DAYS} days"));
+            }
+        }
+        Badge::Bronze | Badge::None => {}
+    }
+    Some((next, missing))
+}
+
+/// Micro-dollars as dollars and cents, rounded down: `$50.00`.
+fn dollars(micros: i64) -> String {
+    let cents = micros.max(0) / 10_000;
+    format!("${}.{:02}", cents / 100, cents % 100)
+}
+
 // ---------------------------------------------------------------------------------------------
 // § 3 Canaries
 
@@ -768,6 +825,33 @@ mod tests {
         assert_eq!(badge(&record(400), &caught, NOW), Badge::Silver, "no gold after fraud");
         caught.last_fraud_ms = Some(NOW - DAY_MS);
         assert_eq!(badge(&record(400), &caught, NOW), Badge::Bronze);
+    }
+
+    #[test]
+    fn the_next_badge_names_every_threshold_the_provider_misses() {
+        let (next, missing) = next_badge(&Reputation::default(), &history(0, 0), NOW).unwrap();
+        assert_eq!(next, Badge::Bronze);
+        assert_eq!(
+            missing,
+            ["a lower bound of 0.85 (now 0.559)", "10 outcomes (now 0.0)"],
+            "a new provider: its prior and no history"
+        );
+        let outcomes: Vec<(Outcome, i64)> = (0..400).map(|_| (Outcome::LeaseFinished, NOW)).collect();
+        let strong = Reputation::from_outcomes(&outcomes, NOW);
+        let (next, missing) = next_badge(&strong, &history(10, 100_000_000), NOW).unwrap();
+        assert_eq!(next, Badge::Gold, "silver now");
+        assert_eq!(
+            missing,
+            [
+                "30 days since the first node registered (now 10)",
+                "a bond of $400.00 (now $100.00)"
+            ]
+        );
+        assert_eq!(
+            next_badge(&strong, &history(40, GOLD_BOND_PER_GPU_MICROS * 8), NOW),
+            None,
+            "gold: none above"
+        );
     }
 
     fn run(rate: u64, digest: &str, memory_allocated: bool) -> CanaryRun {

@@ -1,6 +1,7 @@
-//! `fallow admin`: accounts, API keys and credits, with an admin's key.
+//! `fallow admin`: accounts, API keys, credits, providers' bonds and fraud decisions, with an
+//! admin's key.
 
-use api::{AccountView, BalanceView, KeyView, NewAccountResponse, NewKeyResponse};
+use api::{AccountView, BalanceView, KeyView, NewAccountResponse, NewKeyResponse, TrustView};
 use clap::{Args, Subcommand};
 use reqwest::Method;
 use serde_json::json;
@@ -35,6 +36,21 @@ enum AdminCommand {
         #[arg(long)]
         key: Option<String>,
     },
+    /// Post a bond for a provider, paid in from outside (the stand-in for a payment), in
+    /// dollars; the gold badge needs $50 per GPU offered (docs/trust-policy.md § 2, § 6).
+    Bond {
+        /// The provider's account id.
+        #[arg(long = "provider", value_name = "ID")]
+        provider_id: i64,
+        /// Dollars, e.g. 500.00.
+        amount: String,
+        /// An idempotency key: posting again with the same key posts once (retry with it).
+        #[arg(long)]
+        key: String,
+    },
+    /// Every fraud decision: the rule applied, what was slashed and refunded (`--json` adds the
+    /// evidence: the signed records and canary results).
+    Frauds,
 }
 
 #[derive(Subcommand)]
@@ -82,6 +98,12 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
         AdminCommand::Key(KeyCommand::List { account }) => key_list(&client, account),
         AdminCommand::Key(KeyCommand::Revoke { key_id }) => key_revoke(&client, &key_id),
         AdminCommand::Credit { account, amount, key } => credit(&client, account, &amount, key),
+        AdminCommand::Bond {
+            provider_id,
+            amount,
+            key,
+        } => bond(&client, provider_id, &amount, &key),
+        AdminCommand::Frauds => super::provider::frauds(&client),
     }
 }
 
@@ -192,5 +214,24 @@ fn credit(client: &Client, account: i64, amount: &str, key: Option<String>) -> a
         balance.account_id,
         dollars(balance.available_micros)
     );
+    Ok(())
+}
+
+fn bond(client: &Client, provider_id: i64, amount: &str, key: &str) -> anyhow::Result<()> {
+    let amount = super::provider::bond_amount(amount);
+    let answer = client.post(
+        "/v1/admin/bonds",
+        &json!({"provider_id": provider_id, "amount": amount, "key": key}),
+    )?;
+    if client.json {
+        output::print_json(&answer);
+        return Ok(());
+    }
+    let view: TrustView = parse(&answer, "trust standing")?;
+    println!(
+        "bond of {} posted for provider {provider_id} with key {key} (the same key posts once)",
+        super::provider::amount_text(amount)
+    );
+    println!("{}", super::provider::bond_summary(&view));
     Ok(())
 }

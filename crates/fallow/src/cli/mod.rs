@@ -224,8 +224,16 @@ impl Client {
             StatusCode::FORBIDDEN => {
                 "use a key of the role this command is for, with --api-key or FALLOW_API_KEY".to_string()
             }
+            StatusCode::PAYMENT_REQUIRED if path.starts_with("/v1/provider/bond") => {
+                "a bond is paid from earnings; an admin may post one paid in from outside: \
+                 `fallow admin bond --provider ID AMOUNT --key KEY`"
+                    .to_string()
+            }
             StatusCode::PAYMENT_REQUIRED => {
                 "an admin credits tenants with `fallow admin credit ACCOUNT AMOUNT`".to_string()
+            }
+            StatusCode::BAD_REQUEST if path.starts_with("/v1/trust") => {
+                "with an admin's key, name the provider: `fallow provider trust --provider ID`".to_string()
             }
             StatusCode::NOT_FOUND => not_found_hint(path).to_string(),
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => "try again in a moment".to_string(),
@@ -261,6 +269,8 @@ fn not_found_hint(path: &str) -> &'static str {
         "`fallow node list` shows your nodes' ids (with a provider's key)"
     } else if path.starts_with("/v1/keys") {
         "`fallow admin key list ACCOUNT` shows an account's keys"
+    } else if path.starts_with("/v1/trust") {
+        "`fallow admin account list` shows the providers' ids (with an admin's key; a provider sees only its own)"
     } else if path.starts_with("/v1/accounts") || path.starts_with("/v1/admin") {
         "`fallow admin account list` shows the accounts' ids"
     } else {

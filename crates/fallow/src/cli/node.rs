@@ -1,11 +1,13 @@
 //! `fallow node`: a provider's nodes, their policy (asks per tier, peak and off-peak prices,
-//! allowed tiers and classes, thermal and power limits) and their calendar of availability
-//! windows. Policy changes read the node's policy, change what the flags say, and write it back
+//! allowed tiers and classes, thermal and power limits), their calendar of availability
+//! windows, and their canaries (known-answer benchmarks, ordered at random or on demand with
+//! `verify`). Policy changes read the node's policy, change what the flags say, and write it back
 //! whole (`PUT /v1/nodes/{id}/policy`).
 
 use anyhow::{Context, bail};
-use api::{NodeView, PolicyDoc, PriceRuleDoc, WindowDoc};
+use api::{CanaryView, NodeView, PolicyDoc, PriceRuleDoc, WindowDoc};
 use clap::{ArgGroup, Args, Subcommand};
+use reqwest::Method;
 use serde_json::Value;
 
 use super::output::{self, Align, Table, days_from_civil, dollars, utc, utc_or_dash};
@@ -36,6 +38,18 @@ enum NodeCommand {
     /// A node's availability windows: when it sells (none: always).
     #[command(subcommand)]
     Calendar(CalendarCommand),
+    /// A node's canaries, newest first: the known-answer benchmarks the coordinator ordered on
+    /// it, what it found and the rate against the claimed GPU model's (docs/trust-policy.md § 3).
+    Canaries {
+        /// The node's id.
+        id: i64,
+    },
+    /// Order a canary on a node now (re-verification: a node cordoned for fraud leaves the
+    /// cordon when one passes on its current hardware). The node must be online with an idle GPU.
+    Verify {
+        /// The node's id.
+        id: i64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -125,6 +139,8 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         NodeCommand::Calendar(CalendarCommand::Add(add)) => calendar_add(&client, &add),
         NodeCommand::Calendar(CalendarCommand::List { id }) => calendar_list(&client, id),
         NodeCommand::Calendar(CalendarCommand::Remove { id, number }) => calendar_remove(&client, id, number),
+        NodeCommand::Canaries { id } => canaries(&client, id),
+        NodeCommand::Verify { id } => verify(&client, id),
     }
 }
 
@@ -456,6 +472,35 @@ fn calendar_remove(client: &Client, id: i64, number: usize) -> anyhow::Result<()
             println!("the node has no windows left: it sells at all times");
         }
     }
+    Ok(())
+}
+
+fn canaries(client: &Client, id: i64) -> anyhow::Result<()> {
+    let answer = client.get(&format!("/v1/nodes/{id}/canaries"), &[])?;
+    if client.json {
+        output::print_json(&answer);
+        return Ok(());
+    }
+    let canaries: Vec<CanaryView> = parse(&answer, "canary list")?;
+    print!("{}", super::provider::canaries_text(id, &canaries));
+    Ok(())
+}
+
+fn verify(client: &Client, id: i64) -> anyhow::Result<()> {
+    let answer = client.send(Method::POST, &format!("/v1/nodes/{id}/verify"), &[], None)?;
+    if client.json {
+        output::print_json(&answer);
+        return Ok(());
+    }
+    let canary: CanaryView = parse(&answer, "canary")?;
+    let gpus: Vec<String> = canary.gpus.iter().map(u8::to_string).collect();
+    println!(
+        "canary {} ordered on node {id} (GPUs {}, held to a {}'s rate): its agent runs it after its next heartbeat",
+        canary.id,
+        gpus.join(","),
+        canary.claimed_model
+    );
+    println!("`fallow node canaries {id}` shows what it finds");
     Ok(())
 }
 
