@@ -337,6 +337,12 @@ pub async fn absence(state: &AppState, node: &NodeRecord, last_heard: i64, now: 
     for outcome in ["window_hour_present", "window_hour_missed"] {
         hours_milli += state.store.outcome_weight_since(node.id, outcome, since).await?;
     }
+    // With the hours the leader counted and has not written up yet.
+    hours_milli += state
+        .window_hours
+        .lock()
+        .expect("window hours lock")
+        .pending_milli(node.id);
     let window_hours = u64::try_from(hours_milli / 1000).unwrap_or(0);
     let absences = rows.len() as u64;
     if !rules::absences_beyond_chance(absences, window_hours) {
@@ -395,6 +401,13 @@ impl WindowHours {
                 span.1 += step;
             }
         }
+    }
+
+    /// The window hours counted for `node` and not yet written up, in thousandths.
+    pub fn pending_milli(&self, node: i64) -> i64 {
+        self.spans
+            .get(&node)
+            .map_or(0, |(present, missed)| (present + missed) * 1000 / HOUR_US)
     }
 
     /// Whether a sample is due.
@@ -490,6 +503,7 @@ mod tests {
             // quarter of the hour; node 3 outside its window.
             hours.sample([(1, true, true), (2, true, minute <= 45), (3, false, true)], at);
         }
+        assert_eq!(hours.pending_milli(2), 1000, "an hour counted, not yet written");
         let outcomes = hours.take_due(start + HOUR_US);
         assert_eq!(
             outcomes,

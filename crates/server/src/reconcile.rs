@@ -194,13 +194,7 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
         .is_none_or(|view| view.version != version);
     if !rebuild && now - cursor.trust_checked_at >= TRUST_CHECK_EVERY_US {
         cursor.trust_checked_at = now;
-        let facts = state
-            .view
-            .lock()
-            .await
-            .as_ref()
-            .map(|view| NodeFacts::all(&view.records))
-            .unwrap_or_default();
+        let facts = view_facts(state).await;
         let standings = crate::reputation::standings(state, &facts, now).await?;
         rebuild = state
             .view
@@ -322,13 +316,7 @@ async fn trust_duties(state: &AppState, cursor: &mut Cursor, now: i64) -> Result
         return Ok(());
     }
     if canaries_due {
-        let facts = state
-            .view
-            .lock()
-            .await
-            .as_ref()
-            .map(|view| NodeFacts::all(&view.records))
-            .unwrap_or_default();
+        let facts = view_facts(state).await;
         let step = if cursor.canaries_checked_at == 0 {
             check_every
         } else {
@@ -355,6 +343,14 @@ async fn trust_duties(state: &AppState, cursor: &mut Cursor, now: i64) -> Result
         state.store.record_outcomes(&outcomes).await?;
     }
     Ok(())
+}
+
+/// What standings and canaries need of each node of the view (none before it is built).
+async fn view_facts(state: &AppState) -> Vec<NodeFacts> {
+    let view = state.view.lock().await;
+    view.as_ref()
+        .map(|view| NodeFacts::all(&view.records))
+        .unwrap_or_default()
 }
 
 fn micros(ms: u64) -> i64 {

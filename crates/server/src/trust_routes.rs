@@ -63,7 +63,27 @@ pub(crate) async fn trust_view(state: &AppState, provider_id: i64) -> ApiResult<
     let now = now_us();
     let records = state.store.nodes_of_provider(provider_id).await?;
     let standings = reputation::standings(state, &NodeFacts::all(&records), now).await?;
-    let provider = standings.providers.get(&provider_id);
+    let bond_micros = money::balance(&state.store, Account::ProviderBond(provider_id))
+        .await?
+        .0;
+    // A provider without nodes has the prior and no history yet.
+    let provider = match standings.providers.get(&provider_id) {
+        Some(provider) => provider.clone(),
+        None => {
+            let history = trust::rules::History {
+                first_registered_ms: now / 1000,
+                last_fraud_ms: None,
+                bond_micros,
+                gpus_offered: 0,
+            };
+            let reputation = trust::rules::Reputation::default();
+            reputation::ProviderStanding {
+                badge: trust::rules::badge(&reputation, &history, now / 1000),
+                reputation,
+                history,
+            }
+        }
+    };
     let mut last_canaries: std::collections::HashMap<i64, CanaryView> = state
         .store
         .latest_canaries_of_provider(provider_id)
@@ -85,32 +105,22 @@ pub(crate) async fn trust_view(state: &AppState, provider_id: i64) -> ApiResult<
             last_canary: last_canaries.remove(&record.id),
         });
     }
-    let gpus_offered = provider.map_or(0, |provider| provider.history.gpus_offered);
-    let (next_badge, next_badge_needs) = provider
-        .and_then(|provider| trust::rules::next_badge(&provider.reputation, &provider.history, now / 1000))
+    let gpus_offered = provider.history.gpus_offered;
+    let (next_badge, next_badge_needs) = trust::rules::next_badge(&provider.reputation, &provider.history, now / 1000)
         .map_or((None, Vec::new()), |(badge, needs)| {
             (Some(badge.name().to_string()), needs)
         });
     Ok(TrustView {
         provider_id,
-        bond_micros: money::balance(&state.store, Account::ProviderBond(provider_id))
-            .await?
-            .0,
-        badge: provider
-            .map_or(trust::rules::Badge::None, |provider| provider.badge)
-            .name()
-            .to_string(),
+        bond_micros,
+        badge: provider.badge.name().to_string(),
         next_badge,
         next_badge_needs,
-        reputation: reputation_view(&provider.map_or_else(trust::rules::Reputation::default, |provider| {
-            provider.reputation.clone()
-        })),
+        reputation: reputation_view(&provider.reputation),
         gpus_offered,
         gold_bond_needed_micros: trust::rules::GOLD_BOND_PER_GPU_MICROS * i64::from(gpus_offered.max(1)),
         first_registered_at_us: records.iter().map(|record| record.registered_at).min(),
-        last_fraud_at_us: provider
-            .and_then(|provider| provider.history.last_fraud_ms)
-            .map(|at| at * 1000),
+        last_fraud_at_us: provider.history.last_fraud_ms.map(|at| at * 1000),
         nodes,
         frauds: state
             .store

@@ -620,3 +620,72 @@ async fn gold_work_waits_for_a_gold_badge_and_bonds_are_posted_by_the_rules() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn absences_inside_advertised_windows_beyond_chance_prove_missed_windows() {
+    let fast_silence = |config: &mut server::Config| {
+        trust_config(config);
+        config.heartbeat_timeout_ms = 400;
+    };
+    on_every_backend_with(fast_silence, async |h: &Harness| {
+        let provider = h.provider("vanishing-farm").await;
+        bond(h, &provider).await;
+        let honest_provider = h.provider("steady-farm").await;
+        // Both nodes are always available: every hour is a committed window hour.
+        let vanishing = h.node(&provider, "vanishing", |_| {}).await;
+        let flaky = h.node(&honest_provider, "flaky", |_| {}).await;
+        let admin_nodes = async || h.get(&h.admin, "/v1/nodes").await.expect(200, "nodes");
+        let online = async |node: i64, wanted: bool| {
+            h.wait_for(&format!("node {node} online={wanted}"), async || {
+                let nodes = admin_nodes().await;
+                nodes
+                    .as_array()?
+                    .iter()
+                    .any(|view| view["id"] == node && view["online"] == wanted)
+                    .then_some(())
+            })
+            .await
+        };
+        // The flaky node goes away twice (an honest node may), the vanishing one four times.
+        for round in 0..4 {
+            vanishing.heartbeat().await;
+            if round < 2 {
+                flaky.heartbeat().await;
+                online(flaky.node_id, true).await;
+            }
+            online(vanishing.node_id, true).await;
+            online(vanishing.node_id, false).await;
+            if round < 2 {
+                online(flaky.node_id, false).await;
+            }
+        }
+        let proven = h
+            .wait_for("the proof of missed windows", async || {
+                let view = standing(h, &provider).await;
+                (!view["frauds"].as_array()?.is_empty()).then_some(view)
+            })
+            .await;
+        let fraud = &proven["frauds"][0];
+        assert_eq!(fraud["kind"], "missed_windows", "{}: {fraud}", h.backend);
+        assert_eq!(fraud["share_permille"], 100, "{}", h.backend);
+        assert_eq!(
+            fraud["evidence"]["absences"].as_array().unwrap().len(),
+            4,
+            "{}: {fraud}",
+            h.backend
+        );
+        assert!(h.has_evidence(flaky.node_id, "window_absence").await, "{}", h.backend);
+        let honest = standing(h, &honest_provider).await;
+        assert_eq!(
+            honest["frauds"],
+            json!([]),
+            "{}: two absences are chance: {honest}",
+            h.backend
+        );
+        let faults = honest["nodes"][0]["reputation"]["inputs"]["node_fault"]
+            .as_f64()
+            .unwrap();
+        assert!(faults >= 2.0, "{}: they cost reputation only: {honest}", h.backend);
+    })
+    .await;
+}
