@@ -11,10 +11,10 @@ use api::{CanaryAccepted, CanaryOrder, SignedCanaryResult};
 use model::GpuCatalog;
 use store::{CanaryRow, NewCanary, NodeRecord};
 use trust::canary::CanaryResult;
-use trust::rules::{self, CanaryDue, CanaryFinding, CanaryHistory, CanaryRun, CanaryState, Evidence, Fraud};
+use trust::rules::{self, CanaryFinding, CanaryHistory, CanaryRun, CanaryState, Evidence, Fraud};
 
 use crate::error::{ApiError, ApiResult};
-use crate::reputation::{NodeFacts, finding_of};
+use crate::reputation::finding_of;
 use crate::state::{AppState, now_us};
 
 /// A replica's list of nodes with canaries open is read again when older than this.
@@ -24,6 +24,8 @@ pub const HINTS_FRESH_FOR: Duration = Duration::from_secs(1);
 pub const DEADLINE_SLACK_US: i64 = 60_000_000;
 /// The heartbeat intervals a canary's deadline allows for its delivery.
 pub const DEADLINE_HEARTBEATS: i64 = 3;
+/// Canaries written per transaction.
+pub const CANARIES_PER_COMMIT_MAX: usize = 512;
 /// A canary's answers a node has to prove fraud from, read back at most.
 const FINDINGS_READ_MAX: i64 = 16;
 /// The seed's length in bytes.
@@ -87,6 +89,7 @@ pub async fn orders_for(state: &AppState, node: i64, now: i64) -> ApiResult<Vec<
             continue;
         }
         if canary.delivered_at.is_none() {
+            let _turn = state.writer_turn().await;
             state.store.mark_canary_delivered(canary.id, now).await?;
         }
         orders.push(order_of(&canary));
@@ -109,36 +112,27 @@ fn order_of(canary: &CanaryRow) -> CanaryOrder {
     }
 }
 
-/// A uniform draw in [0, 1) from the operating system: a node cannot tell when its canaries come.
-fn random_unit() -> f64 {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes).expect("the operating system's random source is available");
-    (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64
-}
-
 fn new_seed() -> String {
     let mut bytes = [0u8; SEED_BYTES];
     getrandom::fill(&mut bytes).expect("the operating system's random source is available");
     hex::encode(bytes)
 }
 
-/// Orders a canary on the idle GPUs of `node` (none when every GPU is leased): the work the
-/// claimed model does in `canary_seconds`, 90 % of its memory on each GPU. Returns its id.
-pub async fn order(state: &AppState, node: &NodeRecord, now: i64) -> ApiResult<Option<i64>> {
+/// A canary for a node claiming `gpu_model`, on `gpus` (its idle ones): the work the claimed
+/// model does in `canary_seconds`, 90 % of its memory on each GPU. `None` for an unknown model
+/// or no idle GPU.
+fn new_canary(
+    state: &AppState,
+    node_id: i64,
+    gpu_model: &str,
+    fingerprint: &str,
+    gpus: Vec<u8>,
+    now: i64,
+) -> Option<NewCanary> {
     let catalog = GpuCatalog::embedded();
-    let Some(model) = catalog.find(&node.node.gpu_model) else {
-        return Ok(None);
-    };
-    let spec = catalog.spec(model);
-    let mut busy: u32 = 0;
-    for lease in state.store.live_leases_of_node(node.id).await? {
-        busy |= lease.lease.gpu_mask as u32;
-    }
-    let gpus: Vec<u8> = (0..node.node.gpu_count.clamp(0, 16) as u8)
-        .filter(|gpu| busy & (1 << gpu) == 0)
-        .collect();
+    let spec = catalog.spec(catalog.find(gpu_model)?);
     if gpus.is_empty() {
-        return Ok(None);
+        return None;
     }
     let units = trust::canary::units_for(state.config.canary_seconds, spec.cu_milli);
     // A run at the slow line takes this long; the deadline leaves it that and the slack.
@@ -150,40 +144,82 @@ pub async fn order(state: &AppState, node: &NodeRecord, now: i64) -> ApiResult<O
         .saturating_add(slow_run_us)
         .saturating_add(DEADLINE_HEARTBEATS * state.config.heartbeat_interval_us())
         .saturating_add(DEADLINE_SLACK_US);
-    let canary = NewCanary {
-        node_id: node.id,
+    Some(NewCanary {
+        node_id,
         seed: new_seed(),
         units: i64::try_from(units).unwrap_or(i64::MAX),
         gpus: serde_json::to_string(&gpus).expect("indexes serialise"),
         memory_mib: i64::from(spec.memory_mib) * i64::from(rules::CANARY_MEMORY_PERMILLE) / 1000,
         claimed_model: spec.name.clone(),
         expected_rate_milli: i64::try_from(trust::canary::expected_rate_milli(spec.cu_milli)).unwrap_or(i64::MAX),
-        fingerprint: node.node.fingerprint.clone(),
+        fingerprint: fingerprint.to_string(),
         created_at: now,
         deadline_at: deadline,
+    })
+}
+
+/// Writes canaries in one transaction, in the writers' turn, and notes their nodes.
+async fn insert(state: &AppState, canaries: &[NewCanary]) -> ApiResult<Vec<i64>> {
+    if canaries.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids = {
+        let _turn = state.writer_turn().await;
+        state.store.insert_canaries(canaries).await?
     };
-    let id = state.store.insert_canary(&canary).await?;
-    state.canary_hints.add(node.id);
-    tracing::info!(node = node.id, canary = id, units, gpus = ?gpus, "canary ordered");
-    Ok(Some(id))
+    for (canary, id) in canaries.iter().zip(&ids) {
+        state.canary_hints.add(canary.node_id);
+        tracing::info!(node = canary.node_id, canary = id, units = canary.units, gpus = %canary.gpus, "canary ordered");
+    }
+    Ok(ids)
+}
+
+/// Orders a canary on the idle GPUs of `node` now (none when every GPU is leased); its id.
+pub async fn order(state: &AppState, node: &NodeRecord, now: i64) -> ApiResult<Option<i64>> {
+    let mut busy: u32 = 0;
+    for lease in state.store.live_leases_of_node(node.id).await? {
+        busy |= lease.lease.gpu_mask as u32;
+    }
+    let gpus: Vec<u8> = (0..node.node.gpu_count.clamp(0, 16) as u8)
+        .filter(|gpu| busy & (1 << gpu) == 0)
+        .collect();
+    let Some(canary) = new_canary(state, node.id, &node.node.gpu_model, &node.node.fingerprint, gpus, now) else {
+        return Ok(None);
+    };
+    Ok(insert(state, &[canary]).await?.first().copied())
+}
+
+/// A fast generator for the schedule's draws, seeded from the operating system at each look:
+/// a node cannot tell when its canaries come (splitmix64).
+struct Draws(u64);
+
+impl Draws {
+    fn new() -> Draws {
+        let mut bytes = [0u8; 8];
+        getrandom::fill(&mut bytes).expect("the operating system's random source is available");
+        Draws(u64::from_le_bytes(bytes))
+    }
+
+    /// A uniform draw in [0, 1).
+    fn unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (((z ^ (z >> 31)) >> 11) as f64) / (1u64 << 53) as f64
+    }
 }
 
 /// The leader's look at canaries: those past their deadline are given up as unanswered, and
 /// each online node whose next canary is due by the rules (a random draw for the `step_us` since
-/// the last look) gets one.
-pub async fn schedule(state: &AppState, nodes: &[NodeFacts], step_us: i64, now: i64) -> ApiResult<()> {
-    for overdue in state.store.overdue_canaries(now).await? {
-        if state
-            .store
-            .finish_canary(overdue.id, "unanswered", None, None, now)
-            .await?
-        {
-            tracing::info!(
-                node = overdue.canary.node_id,
-                canary = overdue.id,
-                "canary unanswered by its deadline"
-            );
-        }
+/// the last look) gets one on the GPUs its view has idle, all written in one transaction.
+pub async fn schedule(state: &AppState, step_us: i64, now: i64) -> ApiResult<()> {
+    let given_up = {
+        let _turn = state.writer_turn().await;
+        state.store.give_up_overdue_canaries(now).await?
+    };
+    for (canary, node) in given_up {
+        tracing::info!(node, canary, "canary unanswered by its deadline");
     }
     let latest: HashMap<i64, CanaryRow> = state
         .store
@@ -194,37 +230,57 @@ pub async fn schedule(state: &AppState, nodes: &[NodeFacts], step_us: i64, now: 
         .collect();
     let now_ms = now / 1000;
     let within_ms = i64::try_from(state.config.canary_within_ms).unwrap_or(i64::MAX);
-    for node in nodes.iter().filter(|node| node.online) {
-        let latest_canary = latest.get(&node.id);
-        let history = CanaryHistory {
-            registered_ms: node.registered_at / 1000,
-            fingerprint_changed_ms: node.fingerprint_changed_at.map(|at| at / 1000),
-            latest: latest_canary.map(|canary| {
-                let state = match canary.finding.as_deref() {
-                    None => CanaryState::Open,
-                    Some(name) => finding_of(name).map_or(CanaryState::Unanswered, CanaryState::Answered),
-                };
-                (
-                    canary.canary.created_at / 1000,
-                    canary.finished_at.map(|at| at / 1000),
-                    state,
-                )
-            }),
-        };
-        // A node cordoned for fraud gets canaries again only on new hardware (or when its
-        // provider asks for one: `POST /v1/nodes/{id}/verify`).
-        if let Some(cordoned_at) = node.fraud_cordoned_at
-            && node.fingerprint_changed_at.is_none_or(|changed| changed <= cordoned_at)
-        {
-            continue;
+    let mut draws = Draws::new();
+    let mut due = Vec::new();
+    {
+        let view = state.view.lock().await;
+        let Some(view) = view.as_ref() else { return Ok(()) };
+        for (position, node) in view.records.iter().enumerate() {
+            if !node.online {
+                continue;
+            }
+            // A node cordoned for fraud gets canaries again only on new hardware (or when its
+            // provider asks for one: `POST /v1/nodes/{id}/verify`).
+            if let Some(cordoned_at) = node.fraud_cordoned_at
+                && node.fingerprint_changed_at.is_none_or(|changed| changed <= cordoned_at)
+            {
+                continue;
+            }
+            let history = CanaryHistory {
+                registered_ms: node.registered_at / 1000,
+                fingerprint_changed_ms: node.fingerprint_changed_at.map(|at| at / 1000),
+                latest: latest.get(&node.id).map(|canary| {
+                    let state = match canary.finding.as_deref() {
+                        None => CanaryState::Open,
+                        Some(name) => finding_of(name).map_or(CanaryState::Unanswered, CanaryState::Answered),
+                    };
+                    (
+                        canary.canary.created_at / 1000,
+                        canary.finished_at.map(|at| at / 1000),
+                        state,
+                    )
+                }),
+            };
+            let chance = rules::canary_due(&history, now_ms, within_ms).chance_within(now_ms, step_us / 1000);
+            if chance == 0.0 || draws.unit() >= chance {
+                continue;
+            }
+            let capacity = view.matcher.node_capacity(model::NodeId(position as u32));
+            let idle: Vec<u8> = (0..capacity.gpu_milli_free.len() as u8)
+                .filter(|gpu| capacity.gpu_milli_free[usize::from(*gpu)] == model::GPU_MILLI_WHOLE)
+                .collect();
+            due.extend(new_canary(
+                state,
+                node.id,
+                &node.node.gpu_model,
+                &node.node.fingerprint,
+                idle,
+                now,
+            ));
         }
-        let due = rules::canary_due(&history, now_ms, within_ms);
-        if due == CanaryDue::No || random_unit() >= due.chance_within(now_ms, step_us / 1000) {
-            continue;
-        }
-        if let Some(record) = state.store.node(node.id).await? {
-            order(state, &record, now).await?;
-        }
+    }
+    for batch in due.chunks(CANARIES_PER_COMMIT_MAX) {
+        insert(state, batch).await?;
     }
     Ok(())
 }
@@ -323,11 +379,14 @@ pub async fn take_result(state: &AppState, node_id: i64, signed: &SignedCanaryRe
     let finding = run.finding();
     let name = finding_name(finding);
     let body_json = serde_json::to_string(body).map_err(|error| ApiError::Internal(error.to_string()))?;
-    if !state
-        .store
-        .finish_canary(canary.id, name, rate, Some((&body_json, &signed.signature_hex)), now)
-        .await?
-    {
+    let finished = {
+        let _turn = state.writer_turn().await;
+        state
+            .store
+            .finish_canary(canary.id, name, rate, Some((&body_json, &signed.signature_hex)), now)
+            .await?
+    };
+    if !finished {
         return Err(ApiError::Conflict(format!(
             "canary {} was answered meanwhile; a result is taken once",
             canary.id

@@ -316,14 +316,13 @@ async fn trust_duties(state: &AppState, cursor: &mut Cursor, now: i64) -> Result
         return Ok(());
     }
     if canaries_due {
-        let facts = view_facts(state).await;
         let step = if cursor.canaries_checked_at == 0 {
             check_every
         } else {
             now - cursor.canaries_checked_at
         };
         cursor.canaries_checked_at = now;
-        crate::canaries::schedule(state, &facts, step, now).await?;
+        crate::canaries::schedule(state, step, now).await?;
     }
     if window_due {
         let now_s = now / 1_000_000;
@@ -340,10 +339,18 @@ async fn trust_duties(state: &AppState, cursor: &mut Cursor, now: i64) -> Result
             );
             hours.take_due(now)
         };
-        state.store.record_outcomes(&outcomes).await?;
+        // A whole fleet's hours, a batch at a time, each in the writers' turn: a submission
+        // waits for one batch at most.
+        for batch in outcomes.chunks(OUTCOMES_PER_COMMIT_MAX) {
+            let _turn = state.writer_turn().await;
+            state.store.record_outcomes(batch).await?;
+        }
     }
     Ok(())
 }
+
+/// Window-hour outcomes written per transaction.
+pub const OUTCOMES_PER_COMMIT_MAX: usize = 512;
 
 /// What standings and canaries need of each node of the view (none before it is built).
 async fn view_facts(state: &AppState) -> Vec<NodeFacts> {

@@ -264,3 +264,101 @@ pub fn runtime_set(names: &str) -> model::RuntimeSet {
     let runtimes: Vec<model::Runtime> = names.split(',').filter_map(model::Runtime::parse).collect();
     model::RuntimeSet::of(&runtimes)
 }
+
+#[cfg(test)]
+mod tests {
+    use trust::rules::{NodeCanaries, Reputation};
+
+    use super::*;
+    use crate::reputation::{NodeStanding, Standings};
+
+    fn record(id: i64, fraud_cordoned_at: Option<i64>) -> NodeRecord {
+        NodeRecord {
+            id,
+            node: store::NewNode {
+                provider_id: 1,
+                name: format!("n{id}"),
+                public_key: String::new(),
+                fingerprint: "fp".into(),
+                region: "eu-west".into(),
+                site: "ams1".into(),
+                fabric: "ib0".into(),
+                nvlink_domain: format!("board-{id}"),
+                latitude: 0.0,
+                longitude: 0.0,
+                gpu_model: "H100-SXM5".into(),
+                gpu_count: 8,
+                cpu_milli: 64_000,
+                memory_mib: 512 * 1024,
+                network_mbit_s: 10_000,
+                simulated: false,
+                policy: r#"{"asks": {"gold": "3.00", "silver": "2.00", "bronze": "1.00"}}"#.into(),
+                datasets: "[]".into(),
+                runtimes: "container,process".into(),
+            },
+            fingerprint_changed_at: None,
+            registered_at: 0,
+            updated_at: 0,
+            last_heartbeat_at: Some(0),
+            online: true,
+            telemetry: None,
+            over_limit_since: None,
+            fraud_cordoned_at,
+        }
+    }
+
+    fn standing(successes: usize, gold_eligible: bool) -> NodeStanding {
+        let outcomes: Vec<(trust::rules::Outcome, i64)> = (0..successes)
+            .map(|_| (trust::rules::Outcome::LeaseFinished, 0))
+            .collect();
+        NodeStanding {
+            provider_id: 1,
+            reputation: Reputation::from_outcomes(&outcomes, 0),
+            canaries: NodeCanaries {
+                last_answered: None,
+                unanswered_since: 0,
+                fingerprint_changed_ms: None,
+            },
+            fraud_cordoned_at: None,
+            gold_eligible,
+        }
+    }
+
+    #[test]
+    fn the_view_takes_reliability_gold_and_the_fraud_cordon_from_the_standings() {
+        let mut standings = Standings::default();
+        standings.nodes.insert(1, standing(90, true));
+        standings.nodes.insert(2, standing(0, false));
+        let records = vec![record(1, None), record(2, None), record(3, Some(5))];
+        let mut view = FleetView::build(records, &[], &standings, (0, 0), MatcherConfig::default());
+        let nodes = view.matcher.nodes();
+        assert_eq!(nodes[0].reliability_ppm, standings.nodes[&1].reputation.score_ppm());
+        assert!(nodes[0].reliability_ppm > 980_000, "{}", nodes[0].reliability_ppm);
+        assert_eq!(nodes[1].reliability_ppm, 800_000, "the prior");
+        assert_eq!(nodes[2].reliability_ppm, 800_000, "a node the standings do not know");
+        assert!(nodes[0].policy.allowed_tiers.contains(Tier::Gold));
+        assert!(
+            !nodes[1].policy.allowed_tiers.contains(Tier::Gold),
+            "no gold without eligibility"
+        );
+        assert!(nodes[1].policy.allowed_tiers.contains(Tier::Silver));
+        assert!(!view.matcher.node_cordoned(NodeId(0)));
+        assert!(view.matcher.node_cordoned(NodeId(2)), "cordoned for fraud");
+        view.set_over_limit(3, None);
+        assert!(
+            view.matcher.node_cordoned(NodeId(2)),
+            "cooling down lifts no fraud cordon"
+        );
+        assert!(!view.trust_moved(&standings));
+        let mut moved = Standings::default();
+        moved.nodes.insert(1, standing(90, false));
+        moved.nodes.insert(2, standing(0, false));
+        assert!(view.trust_moved(&moved), "gold eligibility changed");
+        let mut slightly = Standings::default();
+        slightly.nodes.insert(1, standing(91, true));
+        slightly.nodes.insert(2, standing(0, false));
+        assert!(!view.trust_moved(&slightly), "a small move waits for the next rebuild");
+        slightly.nodes.insert(2, standing(20, false));
+        assert!(view.trust_moved(&slightly), "a large one does not");
+    }
+}

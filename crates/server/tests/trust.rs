@@ -689,3 +689,42 @@ async fn absences_inside_advertised_windows_beyond_chance_prove_missed_windows()
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_changed_hardware_fingerprint_is_verified_again_by_a_canary() {
+    on_every_backend_with(trust_config, async |h: &Harness| {
+        let provider = h.provider("upgrading-farm").await;
+        let node = h.node(&provider, "upgraded", |_| {}).await;
+        let first = next_canary(h, &node, &[]).await;
+        answer(&node, &result(&node, &first, 1000, None))
+            .await
+            .expect(200, "passed");
+        // New GPUs: the heartbeat's fingerprint changes.
+        node.signed(
+            "POST",
+            "/v1/agent/heartbeat",
+            Some(&json!({"fingerprint": "fp-new-gpus"})),
+        )
+        .await
+        .expect(200, "heartbeat with a new fingerprint");
+        assert!(
+            h.has_evidence(node.node_id, "fingerprint_changed").await,
+            "{}",
+            h.backend
+        );
+        let again = next_canary(h, &node, &[first["id"].as_i64().unwrap()]).await;
+        assert_ne!(again["id"], first["id"], "{}", h.backend);
+        let canaries = h
+            .get(&provider.key, &format!("/v1/nodes/{}/canaries", node.node_id))
+            .await
+            .expect(200, "the node's canaries");
+        assert_eq!(canaries.as_array().unwrap().len(), 2, "{}: {canaries}", h.backend);
+        assert_eq!(canaries[0]["finding"], Value::Null, "{}: the new one runs", h.backend);
+        assert_eq!(canaries[1]["finding"], "passed", "{}", h.backend);
+        let found = answer(&node, &result(&node, &again, 990, None))
+            .await
+            .expect(200, "passed again");
+        assert_eq!(found["finding"], "passed", "{}", h.backend);
+    })
+    .await;
+}

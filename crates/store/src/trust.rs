@@ -104,25 +104,40 @@ fn fraud_from(row: &AnyRow) -> Result<FraudRow> {
     })
 }
 
+async fn insert_canary_in(db: &mut sqlx::Transaction<'_, sqlx::Any>, canary: &NewCanary) -> Result<i64> {
+    let row = sqlx::query(
+        "INSERT INTO canaries (node_id, seed, units, gpus, memory_mib, claimed_model, expected_rate_milli, \
+         fingerprint, created_at, deadline_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+    )
+    .bind(canary.node_id)
+    .bind(&canary.seed)
+    .bind(canary.units)
+    .bind(&canary.gpus)
+    .bind(canary.memory_mib)
+    .bind(&canary.claimed_model)
+    .bind(canary.expected_rate_milli)
+    .bind(&canary.fingerprint)
+    .bind(canary.created_at)
+    .bind(canary.deadline_at)
+    .fetch_one(&mut **db)
+    .await?;
+    Ok(row.try_get("id")?)
+}
+
 impl Store {
     pub async fn insert_canary(&self, canary: &NewCanary) -> Result<i64> {
-        let row = sqlx::query(
-            "INSERT INTO canaries (node_id, seed, units, gpus, memory_mib, claimed_model, expected_rate_milli, \
-             fingerprint, created_at, deadline_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
-        )
-        .bind(canary.node_id)
-        .bind(&canary.seed)
-        .bind(canary.units)
-        .bind(&canary.gpus)
-        .bind(canary.memory_mib)
-        .bind(&canary.claimed_model)
-        .bind(canary.expected_rate_milli)
-        .bind(&canary.fingerprint)
-        .bind(canary.created_at)
-        .bind(canary.deadline_at)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(row.try_get("id")?)
+        Ok(self.insert_canaries(std::slice::from_ref(canary)).await?[0])
+    }
+
+    /// Orders canaries in one transaction; their ids, in order.
+    pub async fn insert_canaries(&self, canaries: &[NewCanary]) -> Result<Vec<i64>> {
+        let mut db = self.begin_write().await?;
+        let mut ids = Vec::with_capacity(canaries.len());
+        for canary in canaries {
+            ids.push(insert_canary_in(&mut db, canary).await?);
+        }
+        db.commit().await?;
+        Ok(ids)
     }
 
     pub async fn canary(&self, id: i64) -> Result<Option<CanaryRow>> {
@@ -188,15 +203,19 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Open canaries whose deadline passed before `now`.
-    pub async fn overdue_canaries(&self, now: i64) -> Result<Vec<CanaryRow>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {CANARY_COLUMNS} FROM canaries WHERE finished_at IS NULL AND deadline_at < $1 ORDER BY id"
-        )))
+    /// Gives up the open canaries whose deadline passed before `now` as unanswered, in one
+    /// statement; returns them as (canary, node).
+    pub async fn give_up_overdue_canaries(&self, now: i64) -> Result<Vec<(i64, i64)>> {
+        let rows = sqlx::query(
+            "UPDATE canaries SET finished_at = $1, finding = 'unanswered' \
+             WHERE finished_at IS NULL AND deadline_at < $1 RETURNING id, node_id",
+        )
         .bind(now)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter().map(canary_from).collect()
+        rows.iter()
+            .map(|row| Ok((row.try_get("id")?, row.try_get("node_id")?)))
+            .collect()
     }
 
     /// Every node's latest canary.
