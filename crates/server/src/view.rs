@@ -333,7 +333,7 @@ mod tests {
         let mut view = FleetView::build(records, &[], &standings, (0, 0), MatcherConfig::default());
         let nodes = view.matcher.nodes();
         assert_eq!(nodes[0].reliability_ppm, standings.nodes[&1].reputation.score_ppm());
-        assert!(nodes[0].reliability_ppm > 980_000, "{}", nodes[0].reliability_ppm);
+        assert!(nodes[0].reliability_ppm >= 980_000, "{}", nodes[0].reliability_ppm);
         assert_eq!(nodes[1].reliability_ppm, 800_000, "the prior");
         assert_eq!(nodes[2].reliability_ppm, 800_000, "a node the standings do not know");
         assert!(nodes[0].policy.allowed_tiers.contains(Tier::Gold));
