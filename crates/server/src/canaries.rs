@@ -415,8 +415,13 @@ pub async fn take_result(state: &AppState, node_id: i64, signed: &SignedCanaryRe
             "rule": format!("{} of {}: {} canaries of the same failure in a row", proven.section(), rules::POLICY_DOCUMENT, rules::CANARY_FAILURES_TO_PROVE),
             "canaries": row.iter().map(evidence_of).collect::<Vec<_>>(),
         });
-        crate::fraud::prove(state, &node, proven, evidence, since, format!("canary-{first}"), now).await?;
-        fraud = Some(proven.name().to_string());
+        let key = format!("canary-{first}");
+        if crate::fraud::prove(state, &node, proven, evidence, since, key, now)
+            .await?
+            .is_some()
+        {
+            fraud = Some(proven.name().to_string());
+        }
     }
     // Gold eligibility and reputation moved: every replica's matcher view is built again.
     state.store.touch_node(node_id, now).await?;

@@ -44,6 +44,18 @@ pub async fn prove(
     proof_key: String,
     now: i64,
 ) -> ApiResult<Option<i64>> {
+    // A node cordoned already decides nothing more while it is: the evidence is kept, and counts
+    // once a canary lifts the cordon (docs/trust-policy.md § 6).
+    if let Some(current) = state.store.node(node.id).await?
+        && current.fraud_cordoned_at.is_some()
+    {
+        tracing::info!(
+            node = node.id,
+            fraud = fraud.name(),
+            "more evidence against a cordoned node; kept"
+        );
+        return Ok(None);
+    }
     let provider = node.node.provider_id;
     let bond = money::balance(&state.store, Account::ProviderBond(provider)).await?;
     let owed: Vec<(i64, Micros)> = state

@@ -364,6 +364,44 @@ async fn two_wrong_answers_in_a_row_slash_the_whole_bond() {
             h.backend
         );
         assert_eq!(standing["badge"], "none", "{}", h.backend);
+        assert!(standing["nodes"][0]["fraud_cordoned_at_us"].is_i64(), "{}", h.backend);
+
+        // The provider replaces the GPUs: the new hardware gets a canary. Wrong again, it is
+        // kept but proves nothing more while the node is cordoned; a right one lifts the cordon.
+        node.signed(
+            "POST",
+            "/v1/agent/heartbeat",
+            Some(&json!({"fingerprint": "fp-replaced"})),
+        )
+        .await
+        .expect(200, "heartbeat with new hardware");
+        let mut answered = vec![first["id"].as_i64().unwrap(), second["id"].as_i64().unwrap()];
+        for _ in 0..2 {
+            let order = next_canary(h, &node, &answered).await;
+            answered.push(order["id"].as_i64().unwrap());
+            let found = answer(&node, &result(&node, &order, 1000, Some(&"e".repeat(64))))
+                .await
+                .expect(200, "wrong while cordoned");
+            assert_eq!(found["finding"], "wrong_answer", "{}", h.backend);
+        }
+        let last = next_canary(h, &node, &answered).await;
+        let found = answer(&node, &result(&node, &last, 1000, None))
+            .await
+            .expect(200, "right");
+        assert_eq!(found["finding"], "passed", "{}", h.backend);
+        let standing = h.get(&provider.key, "/v1/trust").await.expect(200, "standing");
+        assert_eq!(
+            standing["frauds"].as_array().unwrap().len(),
+            1,
+            "{}: one proof, one slash",
+            h.backend
+        );
+        assert_eq!(
+            standing["nodes"][0]["fraud_cordoned_at_us"],
+            Value::Null,
+            "{}: verified again",
+            h.backend
+        );
     })
     .await;
 }
