@@ -94,8 +94,8 @@ struct Run<H> {
     gpu_milli: i64,
     /// SIGTERM sent (preempted, or its lease ended).
     stopping: bool,
-    /// Bytes of the log the coordinator has.
-    log_sent: u64,
+    /// How much of the log the coordinator has (kept beside the log as well).
+    log: state::LogCursor,
     /// The last progress reported: (count, unit).
     progress_sent: Option<(i64, String)>,
     /// The utilisation (per mille) of the replica's GPUs at each heartbeat the coordinator took
@@ -125,6 +125,63 @@ fn read_progress(path: &std::path::Path) -> Option<(i64, String)> {
     let unit = unit.trim();
     (!unit.is_empty() && unit.len() <= 32 && unit.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
         .then(|| (count, unit.to_string()))
+}
+
+/// Where shipping a replica's log to the coordinator starts, from the cursor kept beside the log
+/// (`saved`) and the log's length now: on from the cursor when it is this epoch's (the lease
+/// runs again here: the coordinator has that much, and the log file still holds the rest);
+/// otherwise at the log's end, since what is in the file already is another epoch's, which the
+/// coordinator has under that epoch.
+fn resume_log(saved: Option<state::LogCursor>, epoch: i64, log_bytes: u64) -> state::LogCursor {
+    match saved {
+        Some(cursor) if cursor.epoch == epoch && cursor.sent <= cursor.sending && cursor.sending <= log_bytes => cursor,
+        _ => state::LogCursor {
+            epoch,
+            sent: log_bytes,
+            sending: log_bytes,
+        },
+    }
+}
+
+/// The line put in a lease's log where a replica left running by an agent that ended (killed,
+/// crashed) is followed by the one its restart runs: the output the first wrote after its agent
+/// ended, until the new agent stopped it, may not have reached the log (a container's output
+/// is copied by the agent).
+fn restart_marker(at_ms: i64) -> String {
+    let seconds = at_ms.div_euclid(1000);
+    let (year, month, day) = model::time::civil_from_days(seconds.div_euclid(86_400));
+    let of_day = seconds.rem_euclid(86_400);
+    format!(
+        "--- agent restarted at {year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z; output between may be missing ---\n",
+        of_day / 3600,
+        of_day / 60 % 60,
+        of_day % 60
+    )
+}
+
+/// Appends `line` to the log at `path` on a line of its own.
+fn append_to_log(path: &std::path::Path, line: &str) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(path)?;
+    let length = file.metadata()?.len();
+    let mut last = [0u8; 1];
+    if length > 0 {
+        file.seek(SeekFrom::Start(length - 1))?;
+        file.read_exact(&mut last)?;
+    }
+    let text = if length > 0 && last[0] != b'\n' {
+        format!("\n{line}")
+    } else {
+        line.to_string()
+    };
+    file.write_all(text.as_bytes())
 }
 
 /// The bytes of `path` from `offset` on, at most `max`, cut at a character boundary.
@@ -166,6 +223,9 @@ pub struct Agent<E: Executor> {
     /// Leases (id, epoch) whose replica ended here: never started again, though the
     /// coordinator may list them until it ends them (a preempted one, until `preempt_at`).
     ended: std::collections::HashSet<(i64, i64)>,
+    /// Leases (id, epoch) whose replica an earlier run of this agent left running: when one runs
+    /// again, its log says where output may be missing (`restart_marker`).
+    left_running: std::collections::HashSet<(i64, i64)>,
     datasets: crate::datasets::DatasetCache,
     /// Fetches datasets.
     http: reqwest::Client,
@@ -271,6 +331,7 @@ impl<E: Executor> Agent<E> {
             wanted: Vec::new(),
             launch_waiting: false,
             ended: std::collections::HashSet::new(),
+            left_running: std::collections::HashSet::new(),
             contact: tokio::sync::watch::Sender::new(tokio::time::Instant::now()),
             unsent: std::collections::VecDeque::new(),
             tended_ms: 0,
@@ -288,13 +349,14 @@ impl<E: Executor> Agent<E> {
 
     /// Stops what a previous run of this agent left: their leases are started again below when
     /// the coordinator still lists them, so nothing runs twice.
-    async fn stop_leftovers(&self) -> Result<(), AgentError> {
+    async fn stop_leftovers(&mut self) -> Result<(), AgentError> {
         let leftovers = state::read_runs(&self.config.data_dir)?;
         for leftover in &leftovers {
             tracing::warn!(
                 lease = leftover.lease_id,
                 "stopping a replica left by an earlier run of the agent"
             );
+            self.left_running.insert((leftover.lease_id, leftover.epoch));
         }
         self.executor.stop_leftovers(&leftovers).await;
         state::write_runs(&self.config.data_dir, &[])?;
@@ -457,6 +519,7 @@ impl<E: Executor> Agent<E> {
         let listed: std::collections::HashSet<(i64, i64)> =
             leases.iter().map(|lease| (lease.lease.id, lease.lease.epoch)).collect();
         self.ended.retain(|lease| listed.contains(lease));
+        self.left_running.retain(|lease| listed.contains(lease));
         // GPUs still held: by running replicas (a preempted one in its grace period among them)
         // and by replicas being stopped. A new lease on them waits until they are free.
         let mut busy: Vec<u8> = self
@@ -557,6 +620,7 @@ impl<E: Executor> Agent<E> {
                 return;
             }
         }
+        let log = self.resume_log_of(&spec);
         match self.executor.start(&spec).await {
             Ok(handle) => {
                 if let Err(error) = self.start_guard(id, &handle) {
@@ -591,7 +655,7 @@ impl<E: Executor> Agent<E> {
                         gpu_seconds_milli: 0,
                         gpu_milli,
                         stopping: false,
-                        log_sent: 0,
+                        log,
                         progress_sent: None,
                         utilisation_sum_permille: 0,
                         utilisation_samples: 0,
@@ -850,22 +914,68 @@ impl<E: Executor> Agent<E> {
         }
     }
 
+    /// Where shipping the log of a replica about to start begins (`resume_log`); when an
+    /// earlier run of this agent left this lease's replica running, a line in the log says that
+    /// output may be missing before the new replica's.
+    fn resume_log_of(&mut self, spec: &RunSpec) -> state::LogCursor {
+        let saved = state::read_log_cursor(&spec.log_path).unwrap_or_else(|error| {
+            tracing::warn!(lease = spec.lease_id, %error, "the log's cursor cannot be read; sending from the log's end");
+            None
+        });
+        let log_bytes = std::fs::metadata(&spec.log_path).map_or(0, |metadata| metadata.len());
+        let cursor = resume_log(saved, spec.epoch, log_bytes);
+        if saved != Some(cursor) {
+            // A new start, kept before the replica writes: output it writes before its first
+            // chunk is sent is sent by a restarted agent too.
+            let kept = spec
+                .log_path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|()| state::write_log_cursor(&spec.log_path, &cursor));
+            if let Err(error) = kept {
+                tracing::warn!(lease = spec.lease_id, %error, "could not keep the log's cursor");
+            }
+        }
+        if self.left_running.remove(&(spec.lease_id, spec.epoch))
+            && let Err(error) = append_to_log(&spec.log_path, &restart_marker(now_ms()))
+        {
+            tracing::warn!(lease = spec.lease_id, %error, "could not mark the restart in the log");
+        }
+        cursor
+    }
+
     /// Sends what replica `id` wrote to its log since the last chunk; true when it sent some.
     async fn ship_log(&mut self, id: i64) -> bool {
-        let Some(run) = self.runs.get(&id) else { return false };
-        let Some((text, bytes)) = read_log(&run.spec.log_path, run.log_sent, LOG_CHUNK_BYTES) else {
+        let Some(run) = self.runs.get_mut(&id) else {
             return false;
         };
+        let cursor = &mut run.log;
+        // A chunk sent before without an answer goes again exactly as it was.
+        let chunk_bytes_max = if cursor.sending > cursor.sent {
+            usize::try_from(cursor.sending - cursor.sent).unwrap_or(LOG_CHUNK_BYTES)
+        } else {
+            LOG_CHUNK_BYTES
+        };
+        let Some((text, bytes)) = read_log(&run.spec.log_path, cursor.sent, chunk_bytes_max) else {
+            return false;
+        };
+        if cursor.sending != cursor.sent + bytes {
+            // On disk before it is sent: a restarted agent sends this chunk again, the same.
+            cursor.sending = cursor.sent + bytes;
+            if let Err(error) = state::write_log_cursor(&run.spec.log_path, cursor) {
+                tracing::warn!(lease = id, %error, "could not keep the log's cursor");
+            }
+        }
         let chunk = api::LogChunkRequest {
             epoch: run.lease.lease.epoch,
-            byte_offset: i64::try_from(run.log_sent).unwrap_or(i64::MAX),
+            byte_offset: i64::try_from(cursor.sent).unwrap_or(i64::MAX),
             text,
         };
         match self.client.log(&self.key, self.node_id, id, &chunk).await {
             Ok(_) => {
-                if let Some(run) = self.runs.get_mut(&id) {
-                    run.log_sent += bytes;
-                }
+                // Kept on disk with the next chunk: until then a restarted agent sends this one
+                // again, which the coordinator takes as a repeat.
+                run.log.sent = run.log.sending;
                 true
             }
             Err(error) => {
@@ -985,10 +1095,11 @@ impl<E: Executor> Agent<E> {
         self.report_progress(id).await;
         let Some(run) = self.runs.remove(&id) else { return };
         self.ended.insert((id, run.lease.lease.epoch));
-        if run.stopping && exit.code != 0 {
-            // Stopped for a preemption: the coordinator ends the lease as preempted at its
-            // `preempt_at` and queues the job again; a failure attested now would fail the job.
-            tracing::info!(lease = id, exit = exit.code, "preempted replica stopped");
+        if run.stopping {
+            // Stopped for a preemption, whatever its exit code: the coordinator ends the lease as
+            // preempted at its `preempt_at` and queues the job again. An attestation now would end
+            // the job (finished on 0, failed otherwise) although its work was cut short.
+            tracing::info!(lease = id, exit = exit.code, "preempted replica stopped; not attested");
             self.executor.clean_up(&run.spec).await;
             self.save_runs();
             return;
@@ -1219,6 +1330,67 @@ mod tests {
         assert_eq!(read("12 to kens\n"), None);
         assert_eq!(read("lots tokens\n"), None);
         assert_eq!(read(""), None);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_log_is_shipped_on_from_where_the_coordinator_has_it() {
+        let cursor = |epoch, sent, sending| state::LogCursor { epoch, sent, sending };
+        for (saved, log_bytes, expect, why) in [
+            (None, 0, cursor(2, 0, 0), "a first run sends from the start"),
+            (
+                Some(cursor(2, 40, 40)),
+                90,
+                cursor(2, 40, 40),
+                "the same epoch again: on from what the coordinator has",
+            ),
+            (
+                Some(cursor(2, 40, 64)),
+                90,
+                cursor(2, 40, 64),
+                "a chunk sent without an answer goes again as it was",
+            ),
+            (
+                Some(cursor(1, 40, 40)),
+                90,
+                cursor(2, 90, 90),
+                "another epoch's output stays unsent",
+            ),
+            (
+                None,
+                90,
+                cursor(2, 90, 90),
+                "output no cursor accounts for is not sent under this epoch",
+            ),
+            (Some(cursor(2, 40, 64)), 10, cursor(2, 10, 10), "a log cut short"),
+        ] {
+            assert_eq!(resume_log(saved, 2, log_bytes), expect, "{why}");
+        }
+    }
+
+    #[test]
+    fn a_restart_is_marked_on_a_line_of_its_own_and_resent_chunks_are_the_same() {
+        assert_eq!(
+            restart_marker(1_764_424_987_250),
+            "--- agent restarted at 2025-11-29T14:03:07Z; output between may be missing ---\n"
+        );
+        let path = std::env::temp_dir().join(format!("fallow-log-marker-{}", std::process::id()));
+        std::fs::write(&path, "one\ntw").unwrap();
+        append_to_log(&path, "--- mark ---\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "one\ntw\n--- mark ---\n");
+        append_to_log(&path, "--- again ---\n").unwrap();
+        assert!(
+            std::fs::read_to_string(&path)
+                .unwrap()
+                .ends_with("---\n--- again ---\n")
+        );
+
+        // A chunk read again up to where it ended is the same chunk, though the log grew.
+        std::fs::write(&path, "héllo\n").unwrap();
+        let (first, bytes) = read_log(&path, 0, 2).unwrap();
+        assert_eq!((first.as_str(), bytes), ("h", 1), "a character cut by the chunk waits");
+        std::fs::write(&path, "héllo\nmore output\n").unwrap();
+        assert_eq!(read_log(&path, 0, 1).unwrap(), (first, bytes));
         let _ = std::fs::remove_file(&path);
     }
 }

@@ -1,6 +1,6 @@
 //! What the agent keeps in its data directory: the node's key (owner-only), the node id the
-//! coordinator gave it, and the replicas it started (so a restarted agent can stop those whose
-//! leases it no longer holds).
+//! coordinator gave it, the replicas it started (so a restarted agent can stop those whose
+//! leases it no longer holds), and beside each lease's log how much of it the coordinator has.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -29,6 +29,37 @@ pub struct RunRecord {
     pub epoch: i64,
     /// What the executor needs to find it again: a process group id, a container id.
     pub id: String,
+}
+
+/// How much of a replica's log the coordinator has, kept beside the log (`log_cursor_path`) so
+/// that an agent that runs the lease again, at the same epoch, sends on from there: the log
+/// file keeps what the earlier replica wrote, and the coordinator keeps a chunk per offset, the
+/// first it was sent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogCursor {
+    pub epoch: i64,
+    /// Bytes of the log the coordinator has taken.
+    pub sent: u64,
+    /// The end of the chunk last sent and not yet known to be taken; `sent` when none. It is
+    /// sent again exactly as it was: the coordinator may have stored it before the answer was
+    /// lost, and a longer chunk at the same offset would be dropped whole as a repeat.
+    pub sending: u64,
+}
+
+/// Where the cursor of the log at `log_path` is kept.
+pub fn log_cursor_path(log_path: &Path) -> PathBuf {
+    log_path.with_extension("cursor.json")
+}
+
+pub fn read_log_cursor(log_path: &Path) -> std::io::Result<Option<LogCursor>> {
+    read_json(&log_cursor_path(log_path))
+}
+
+pub fn write_log_cursor(log_path: &Path, cursor: &LogCursor) -> std::io::Result<()> {
+    write_atomically(
+        &log_cursor_path(log_path),
+        &serde_json::to_vec(cursor).map_err(std::io::Error::other)?,
+    )
 }
 
 fn io_error(path: &Path, error: std::io::Error) -> std::io::Error {
@@ -158,6 +189,17 @@ mod tests {
         }];
         write_runs(&dir, &runs).unwrap();
         assert_eq!(read_runs(&dir).unwrap(), runs);
+
+        let log = dir.join("output.log");
+        assert_eq!(read_log_cursor(&log).unwrap(), None);
+        let cursor = LogCursor {
+            epoch: 2,
+            sent: 10,
+            sending: 25,
+        };
+        write_log_cursor(&log, &cursor).unwrap();
+        assert_eq!(read_log_cursor(&log).unwrap(), Some(cursor));
+        assert_eq!(log_cursor_path(&log), dir.join("output.cursor.json"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

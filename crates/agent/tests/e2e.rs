@@ -66,6 +66,8 @@ async fn world_with(configure: impl FnOnce(&mut server::Config)) -> World {
         heartbeat_interval_ms: 500,
         // New providers have no badge; these tests run gold work (the trust tests ask for one).
         gold_needs_badge: false,
+        // A view that disagrees with the store fails the pass, loudly.
+        strict_view: true,
         ..server::Config::default()
     };
     configure(&mut config);

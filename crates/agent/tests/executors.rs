@@ -194,6 +194,39 @@ async fn the_docker_executor_conforms() {
     guard_conformance("docker", &executor, IMAGE).await;
 }
 
+/// What the agent keeps of a lease's failure detail when it reports it (agent.rs, `report`).
+const DETAIL_CHARS_KEPT: usize = 128;
+
+/// An image that no registry serves (`.invalid` names never resolve) fails to start with the
+/// Engine's reason, as `docker pull` prints it, within what the lease's failure detail keeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpullable_image_fails_with_the_engines_reason() {
+    let Some(executor) = docker().await else { return };
+    let image = "fallow-unpullable.invalid/nothing:1";
+    let unpullable = RunSpec {
+        image: image.into(),
+        ..spec(IMAGE, "true")
+    };
+    let error = executor
+        .start(&unpullable)
+        .await
+        .expect_err("no registry serves the image")
+        .to_string();
+    let detail: String = error.chars().take(DETAIL_CHARS_KEPT).collect();
+    let (named, cause) = detail
+        .split_once(" could not be pulled: ")
+        .unwrap_or_else(|| panic!("the detail says the pull failed: {error}"));
+    assert!(
+        named.contains(&format!("'{image}'")),
+        "the detail names the image: {error}"
+    );
+    assert!(
+        cause.trim().len() >= 3 && !cause.contains("status code"),
+        "the detail carries the Engine's reason, not an HTTP status: {error}"
+    );
+    executor.clean_up(&unpullable).await;
+}
+
 /// `--executor both`: a process job as a process, a container job in Docker, each found again
 /// and stopped by its prefixed id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -54,6 +54,8 @@ async fn world_with(configure: impl FnOnce(&mut server::Config)) -> World {
         listen: "127.0.0.1:0".into(),
         data_dir: dir.join("coordinator"),
         heartbeat_interval_ms: 300,
+        // A view that disagrees with the store fails the pass, loudly.
+        strict_view: true,
         ..server::Config::default()
     };
     configure(&mut config);
@@ -631,23 +633,50 @@ async fn check_untouched(world: &World, provider: i64, bond_micros: i64) {
     assert_eq!(node["last_canary"]["finding"], "passed", "{view}");
 }
 
+/// A market of two providers with $100 bonds: a liar (`liar_device` claimed as H100s, its
+/// traffic patched as `patch` says, asking less) and an honest H100 node. The job is queued
+/// first, so the liar takes it at once (canaries come after placements, on the GPU left idle);
+/// the honest node starts once it runs there.
+struct Market {
+    job: i64,
+    liar_provider: i64,
+    liar: Running,
+    honest_provider: i64,
+    honest: Running,
+}
+
+async fn market(world: &World, liar_name: &str, liar_device: &str, patch: Seen, job_seconds: u32) -> Market {
+    let (liar_provider, liar_key) = bonded_provider(world, &format!("{liar_name}-farm"), "100.00").await;
+    let (honest_provider, honest_key) = bonded_provider(world, "honest-farm", "100.00").await;
+    let job = submit_job(world, &format!("on-the-{liar_name}"), job_seconds).await;
+    let liar = start_agent_with(world, liar_device, "H100-SXM5", patch, |url| {
+        agent_config_for(world, &liar_key, liar_name, url, "1.50")
+    })
+    .await;
+    running_on(world, job, liar.node_id).await;
+    let honest = start_agent_with(world, "H100-SXM5:2", "H100-SXM5", Seen::default(), |url| {
+        agent_config_for(world, &honest_key, "honest", url, "2.00")
+    })
+    .await;
+    Market {
+        job,
+        liar_provider,
+        liar,
+        honest_provider,
+        honest,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_agent_claiming_h100s_on_a100s_is_caught_by_canaries_slashed_and_its_tenant_refunded() {
     let world = world_with(policing).await;
-    let (liar_provider, liar_key) = bonded_provider(&world, "liar-farm", "100.00").await;
-    let (honest_provider, honest_key) = bonded_provider(&world, "honest-farm", "100.00").await;
-    // The job is queued first, so the liar (cheaper) takes it at once; canaries come after
-    // placements, on the GPU left idle.
-    let job = submit_job(&world, "on-the-liar", 20).await;
-    let liar = start_agent_with(&world, "A100-SXM4-80GB:2", "H100-SXM5", Seen::default(), |url| {
-        agent_config_for(&world, &liar_key, "liar", url, "1.50")
-    })
-    .await;
-    running_on(&world, job, liar.node_id).await;
-    let honest = start_agent_with(&world, "H100-SXM5:2", "H100-SXM5", Seen::default(), |url| {
-        agent_config_for(&world, &honest_key, "honest", url, "2.00")
-    })
-    .await;
+    let Market {
+        job,
+        liar_provider,
+        liar,
+        honest_provider,
+        honest,
+    } = market(&world, "liar", "A100-SXM4-80GB:2", Seen::default(), 20).await;
 
     // Two slow canaries in a row (a third of the claimed rate) prove false hardware.
     let fraud = fraud_against(&world, liar.node_id).await;
@@ -713,23 +742,17 @@ async fn an_agent_claiming_h100s_on_a100s_is_caught_by_canaries_slashed_and_its_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_agent_inflating_its_usage_is_caught_by_the_cross_checks_slashed_and_cordoned() {
     let world = world_with(policing).await;
-    let (liar_provider, liar_key) = bonded_provider(&world, "padding-farm", "100.00").await;
-    let (honest_provider, honest_key) = bonded_provider(&world, "honest-farm", "100.00").await;
-    let job = submit_job(&world, "on-the-padder", 30).await;
-    let liar_dir = world.dir.join("padder");
     let patch = Seen {
-        inflate: Some((1_500, liar_dir)),
+        inflate: Some((1_500, world.dir.join("padder"))),
         ..Seen::default()
     };
-    let liar = start_agent_with(&world, "H100-SXM5:2", "H100-SXM5", patch, |url| {
-        agent_config_for(&world, &liar_key, "padder", url, "1.50")
-    })
-    .await;
-    running_on(&world, job, liar.node_id).await;
-    let honest = start_agent_with(&world, "H100-SXM5:2", "H100-SXM5", Seen::default(), |url| {
-        agent_config_for(&world, &honest_key, "honest", url, "2.00")
-    })
-    .await;
+    let Market {
+        job,
+        liar_provider,
+        liar,
+        honest_provider,
+        honest,
+    } = market(&world, "padder", "H100-SXM5:2", patch, 30).await;
 
     // Every record claims half as much again as its period allows: refused, kept, and the
     // third within a day proves inflated usage.

@@ -11,6 +11,9 @@ use crate::{
     RUNTIME_S_MAX, TEXT_FIELD_BYTES_MAX, parse_class,
 };
 
+/// The most whole GPUs one replica may take: the GPUs of one node.
+const GPUS_PER_REPLICA_MAX: u8 = model::GPUS_PER_NODE_MAX as u8;
+
 /// A request that cannot be served as given; the message names the field.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -85,9 +88,23 @@ impl JobRequest {
         }
         let gpu = match (self.gpus, self.gpu_share_milli, &self.compute_units) {
             (None, None, None) => GpuDemand::None,
-            (Some(count), None, None) if (1..=16).contains(&count) => GpuDemand::Whole { count },
+            (Some(count), None, None) if (1..=GPUS_PER_REPLICA_MAX).contains(&count) => GpuDemand::Whole { count },
+            (Some(0), None, None) => {
+                return bad(format!(
+                    "gpus: 0 is not 1–{GPUS_PER_REPLICA_MAX} (GPUs of one node per replica; leave it out for a CPU-only job)"
+                ));
+            }
             (Some(count), None, None) => {
-                return bad(format!("gpus: {count} is not 1–16 (GPUs of one node per replica)"));
+                // A replica runs on one node; more GPUs than a node holds is a gang of 8-GPU
+                // replicas (the common board), as many as the GPUs asked for in all.
+                let per_replica = 8;
+                return bad(format!(
+                    "gpus: {count} is more than one node holds (1–{GPUS_PER_REPLICA_MAX}); ask for more replicas \
+                     instead (\"replicas\": {}, \"gpus\": {per_replica})",
+                    self.replicas
+                        .max(1)
+                        .saturating_mul(u32::from(count).div_ceil(per_replica))
+                ));
             }
             (None, Some(milli), None) if (1..1000).contains(&milli) => GpuDemand::Share { milli },
             (None, Some(milli), None) => {
@@ -290,6 +307,10 @@ mod tests {
         let base = r#""image": "busybox", "tier": "silver", "max_price_per_gpu_hour": "2""#;
         for (extra, says) in [
             (r#", "gpus": 0"#, "gpus: 0"),
+            (
+                r#", "gpus": 64"#,
+                r#"gpus: 64 is more than one node holds (1–16); ask for more replicas instead ("replicas": 8, "gpus": 8)"#,
+            ),
             (r#", "gpus": 300"#, "invalid value"),
             (r#", "gpus": 2, "gpu_share_milli": 500"#, "at most one"),
             (r#", "gpu_share_milli": 1000"#, "1–999"),

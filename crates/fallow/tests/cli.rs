@@ -214,7 +214,14 @@ async fn cli_tenant_submits_lists_quotes_cancels_and_reads_money() {
     assert!(shown.contains("state:") && shown.contains("queued"), "{shown}");
     assert!(shown.contains("image:") && shown.contains("busybox:latest"), "{shown}");
     assert_eq!(tenant.json(&format!("job show {id} --json"))["state"], "queued");
-    assert_eq!(tenant.ok(&format!("job logs {id}")), "");
+    // No output yet: nothing on stdout, and why on stderr; `--json` is left as it was.
+    let logs = tenant.run(&format!("job logs {id}"), &[]);
+    let stderr = String::from_utf8_lossy(&logs.stderr).into_owned();
+    assert_eq!(ok(logs, "job logs"), "");
+    assert_eq!(stderr.trim(), "no output yet: the job is queued");
+    let logs = tenant.run(&format!("job logs {id} --json"), &[]);
+    assert!(logs.stderr.is_empty(), "{}", String::from_utf8_lossy(&logs.stderr));
+    assert_eq!(ok_json(logs, "job logs --json")["chunks"], json!([]));
 
     // A job file, with flags over its fields.
     let file = scratch.path.join("job.json");
@@ -402,6 +409,13 @@ async fn cli_provider_sets_policy_calendar_and_reads_earnings() {
     let row = row_of(&earnings, &node.to_string()).unwrap_or_else(|| panic!("node {node} not in {earnings}"));
     assert!(row.contains("gpu-a") && row.contains("$0.00"), "{row}");
     assert!(earnings.contains("earnings balance:"), "{earnings}");
+    // Gross and net are told apart, and the difference named.
+    assert!(
+        earnings.contains("GROSS")
+            && earnings.contains("platform fee:")
+            && earnings.contains("net = gross less the fee"),
+        "{earnings}"
+    );
     assert_eq!(provider.json("provider earnings --json")["nodes"][0]["node_id"], node);
 }
 
@@ -580,4 +594,27 @@ async fn cli_process_job_runs_to_finished_and_prints_its_output() {
     let waited = tenant.ok(&format!("{submit} true"));
     assert!(waited.contains("state:") && waited.contains("finished"), "{waited}");
     tenant.fails(&format!("{submit} false"), &["failed", "fallow job logs"]);
+
+    // A lease's end reason too long for the lease table is shown in full under it.
+    let missing = "/no/such/program/named/at/length/so/that/the/reason/for/its/failure/is/long";
+    tenant.fails(&format!("{submit} {missing}"), &["failed"]);
+    let id = tenant.json("job list --json")["jobs"][0]["id"]
+        .as_i64()
+        .expect("the job's id");
+    let job = tenant.json(&format!("job show {id} --json"));
+    let reason = job["leases"][0]["end_reason"].as_str().expect("an end reason");
+    assert!(reason.contains(missing), "{job}");
+    let shown = tenant.ok(&format!("job show {id}"));
+    assert!(
+        shown.contains(&format!("lease {}: {reason}", job["leases"][0]["id"])),
+        "the whole reason: {shown}"
+    );
+    // A job that ended without output says so, and why.
+    let logs = tenant.run(&format!("job logs {id}"), &[]);
+    assert!(
+        String::from_utf8_lossy(&logs.stderr)
+            .contains(&format!("no output: the job failed without writing any ({reason})")),
+        "{}",
+        String::from_utf8_lossy(&logs.stderr)
+    );
 }

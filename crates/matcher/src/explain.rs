@@ -4,10 +4,14 @@
 
 use std::fmt::Write;
 
-use model::{GpuDemand, JobId, JobSpec, Micros, Timestamp};
+use model::{GpuCatalog, GpuDemand, GpuModel, JobId, JobSpec, Micros, Timestamp};
 
 use crate::fit::{JobContext, Reason, model_name};
 use crate::state::Matcher;
+
+/// How many of the fleet's region names an explanation lists when a job names a region no
+/// node is in.
+const REGIONS_LISTED_MAX: usize = 5;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Explanation {
@@ -46,10 +50,87 @@ pub fn thousands(value: u64) -> String {
     out
 }
 
+/// What one domain of a topology level is called in a sentence: "no NVLink domain holds …",
+/// "no set of nodes holds …". Takes the level's API name ([`model::TopologyLevel::name`]).
+pub(crate) fn domain_words(level: &str) -> &'static str {
+    match level {
+        "node" => "node",
+        "nvlink" => "NVLink domain",
+        "fabric" => "fabric",
+        "site" => "site",
+        "region" => "region",
+        "any" => "set of nodes",
+        _ => "domain",
+    }
+}
+
+/// `["a", "b", "c"]` → `a, b or c`.
+fn either(words: &[&str]) -> String {
+    match words {
+        [] => String::new(),
+        [one] => (*one).to_string(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
+/// `1, "region"` → `1 region`; `2, "region"` → `2 regions`.
+fn count_of(count: usize, noun: &str) -> String {
+    if count == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{} {noun}s", thousands(count as u64))
+    }
+}
+
+/// A model's catalog name, or a placeholder for an index the catalog does not have (a job
+/// built by hand, not through the API's conversion).
+fn model_words(model: GpuModel) -> String {
+    if model.index() < GpuCatalog::embedded().len() {
+        model_name(model.0).to_string()
+    } else {
+        format!("model #{} (not in the catalog)", model.0)
+    }
+}
+
+/// The regions a job asked for, as the explanation names them.
+struct RegionWords<'a> {
+    /// Every region with a name: the fleet's name, or the job's for a region no node is in.
+    named: Vec<&'a str>,
+    /// Of those, the ones no node is in.
+    empty_named: Vec<&'a str>,
+    /// Regions no node is in that nobody named (the caller gave no names).
+    empty_unnamed: usize,
+}
+
 impl Matcher {
     /// Why a job can or cannot run now: every node checked, each counted once under the first
     /// constraint it fails. O(nodes): for people and tests, not the placement hot path.
+    ///
+    /// A region the job names that no node is in has no name in the fleet's topology (the
+    /// job carries an id the topology never gave out); [`Matcher::explain_naming`] takes the
+    /// job's own names for its regions.
     pub fn explain(&self, job: &JobSpec, now: Timestamp) -> Explanation {
+        self.explain_naming(job, now, &[] as &[&str])
+    }
+
+    /// As [`Matcher::explain`], with the names the job gave its regions: `region_names[i]`
+    /// names `job.regions[i]` (the request's `regions`, in order).
+    pub fn explain_naming(&self, job: &JobSpec, now: Timestamp, region_names: &[impl AsRef<str>]) -> Explanation {
+        // What the placement refuses outright, the explanation says as such (and the node
+        // checks below may assume a well-formed job: a share of 0 would divide by zero).
+        if let Err(invalid) = self.validate(job) {
+            return Explanation {
+                job: job.id,
+                nodes_total: self.nodes.len() as u64,
+                nodes_feasible: 0,
+                excluded: Vec::new(),
+                best_domain_replicas: None,
+                message: format!(
+                    "none of {} nodes can take it: {invalid}",
+                    thousands(self.nodes.len() as u64)
+                ),
+            };
+        }
         let context = JobContext::new(job, now);
         let mut counts = [0u64; Reason::ALL.len()];
         let mut feasible = 0u64;
@@ -79,6 +160,7 @@ impl Matcher {
             .map(|reason| (*reason, counts[*reason as usize]))
             .filter(|(_, count)| *count > 0)
             .collect();
+        let regions = self.region_words(job, region_names);
         let mut message = format!(
             "{} of {} nodes",
             thousands(feasible),
@@ -92,7 +174,7 @@ impl Matcher {
                     message,
                     "{separator}{} {}",
                     thousands(*count),
-                    self.describe(*reason, job)
+                    self.describe(*reason, job, &regions)
                 );
             }
         }
@@ -102,10 +184,13 @@ impl Matcher {
             let _ = write!(
                 message,
                 "; no {} holds all {} replicas (the best holds {})",
-                job.topology.name(),
+                domain_words(job.topology.name()),
                 thousands(u64::from(job.replicas)),
                 thousands(u64::from(best))
             );
+        }
+        if counts[Reason::Region as usize] > 0 {
+            self.note_empty_regions(&mut message, &regions);
         }
         Explanation {
             job: job.id,
@@ -117,18 +202,80 @@ impl Matcher {
         }
     }
 
-    fn describe(&self, reason: Reason, job: &JobSpec) -> String {
+    /// Names the job's regions: the fleet's name for a region with nodes, the job's own for
+    /// one without (if the caller gave it).
+    fn region_words<'a>(&'a self, job: &JobSpec, region_names: &'a [impl AsRef<str>]) -> RegionWords<'a> {
+        let mut words = RegionWords {
+            named: Vec::with_capacity(job.regions.len()),
+            empty_named: Vec::new(),
+            empty_unnamed: 0,
+        };
+        for (position, region) in job.regions.iter().enumerate() {
+            match self.topology.region(*region) {
+                Some(known) => words.named.push(known.name.as_str()),
+                None => match region_names.get(position) {
+                    Some(name) => {
+                        words.named.push(name.as_ref());
+                        words.empty_named.push(name.as_ref());
+                    }
+                    None => words.empty_unnamed += 1,
+                },
+            }
+        }
+        words
+    }
+
+    /// Says which regions the job asked for have no node, and where the nodes are: most
+    /// often a typo or the wrong fleet.
+    fn note_empty_regions(&self, message: &mut String, regions: &RegionWords) {
+        let unnamed = match (regions.empty_unnamed, regions.named.is_empty()) {
+            (0, _) => None,
+            (1, true) => Some("it".to_string()),
+            (_, true) => Some("them".to_string()),
+            (1, false) => Some("the other region asked for".to_string()),
+            (count, false) => Some(format!("the {} asked for", count_of(count, "other region"))),
+        };
+        let mut empty: Vec<&str> = regions.empty_named.clone();
+        empty.extend(unnamed.as_deref());
+        if empty.is_empty() {
+            return;
+        }
+        let _ = write!(message, "; no node is in {}", either(&empty));
+        let listed: Vec<&str> = self
+            .topology
+            .regions
+            .iter()
+            .take(REGIONS_LISTED_MAX)
+            .map(|region| region.name.as_str())
+            .collect();
+        if !listed.is_empty() {
+            let _ = write!(message, " (nodes are in {}", listed.join(", "));
+            let more = self.topology.regions.len() - listed.len();
+            if more > 0 {
+                let _ = write!(message, " and {} more", count_of(more, "region"));
+            }
+            message.push(')');
+        }
+    }
+
+    fn describe(&self, reason: Reason, job: &JobSpec, regions: &RegionWords) -> String {
         let resources = &job.resources;
         match reason {
             Reason::Offline => "offline".into(),
-            Reason::Region => {
-                let names: Vec<&str> = job
-                    .regions
-                    .iter()
-                    .map(|region| self.topology.region_name(*region))
-                    .collect();
-                format!("outside region {}", names.join(" or "))
-            }
+            Reason::Region => match (regions.named.as_slice(), regions.empty_unnamed) {
+                ([], 1) => "outside the region asked for".into(),
+                ([], count) => format!("outside the {} asked for", count_of(count, "region")),
+                (named, 0) => format!("outside region {}", either(named)),
+                (named, count) => format!(
+                    "outside region {} or {} no node is in",
+                    either(named),
+                    if count == 1 {
+                        "a region".into()
+                    } else {
+                        count_of(count, "region")
+                    }
+                ),
+            },
             Reason::GpuModel => match resources.gpu {
                 GpuDemand::ComputeUnits { cu_milli } => {
                     format!(
@@ -138,8 +285,9 @@ impl Matcher {
                     )
                 }
                 _ if !resources.gpu_models.is_empty() => {
-                    let names: Vec<&str> = resources.gpu_models.iter().map(|model| model_name(model.0)).collect();
-                    format!("not {}", names.join(" or "))
+                    let names: Vec<String> = resources.gpu_models.iter().map(|model| model_words(*model)).collect();
+                    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                    format!("not {}", either(&names))
                 }
                 _ => "without GPUs".into(),
             },
@@ -173,6 +321,12 @@ impl Matcher {
 
     /// What the job would pay per GPU-hour now and how many GPUs could take it.
     pub fn quote(&self, job: &JobSpec, now: Timestamp) -> Quote {
+        self.quote_naming(job, now, &[] as &[&str])
+    }
+
+    /// As [`Matcher::quote`], with the names the job gave its regions for the explanation (see
+    /// [`Matcher::explain_naming`]).
+    pub fn quote_naming(&self, job: &JobSpec, now: Timestamp, region_names: &[impl AsRef<str>]) -> Quote {
         let context = JobContext::new(job, now);
         let mut gpus_available = 0u64;
         let mut nodes_feasible = 0u64;
@@ -206,7 +360,7 @@ impl Matcher {
                 price_per_gpu_hour: None,
                 gpus_available,
                 nodes_feasible,
-                explanation: Some(self.explain(job, now)),
+                explanation: Some(self.explain_naming(job, now, region_names)),
             },
         }
     }

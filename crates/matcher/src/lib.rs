@@ -95,18 +95,24 @@ impl Placement {
 }
 
 /// Why a decision placed nothing. The detailed, per-constraint account is [`Matcher::explain`].
+/// The words are the job's own status ("waiting: …"), so they do not repeat its id, except to
+/// say how to ask for the account.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Unplaced {
-    #[error("job {0}: no node can take it now (ask for an explanation to see why)")]
+    #[error("no node can take it now; 'fallow job show {}' says why", .0.0)]
     NoFeasibleNode(JobId),
-    #[error("job {job}: no {level} domain can hold all {replicas} replicas now (the best holds {best})")]
+    #[error(
+        "no {} can hold all {replicas} replicas now (the best holds {best})",
+        explain::domain_words(level)
+    )]
     NoDomainFits {
         job: JobId,
+        /// The topology level's API name ([`model::TopologyLevel::name`]).
         level: &'static str,
         replicas: u32,
         best: u32,
     },
-    #[error("job {job}: {reason}")]
+    #[error("{reason}")]
     InvalidJob { job: JobId, reason: String },
 }
 

@@ -22,6 +22,19 @@ pub fn day_start(at: Timestamp) -> Timestamp {
     at - at.rem_euclid(SECONDS_PER_DAY)
 }
 
+/// Microseconds since 1970 as `2026-12-01 13:45:07 UTC`.
+pub fn utc(at_us: i64) -> String {
+    const DAY_US: i64 = 86_400_000_000;
+    let (year, month, day) = civil_from_days(at_us.div_euclid(DAY_US));
+    let seconds = at_us.rem_euclid(DAY_US) / 1_000_000;
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        seconds / 3600,
+        seconds / 60 % 60,
+        seconds % 60
+    )
+}
+
 /// The civil date (year, month 1–12, day 1–31) of a day counted from 1970-01-01, in the
 /// proleptic Gregorian calendar (Howard Hinnant's `civil_from_days`).
 pub fn civil_from_days(days: i64) -> (i64, i64, i64) {

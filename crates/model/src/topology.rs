@@ -100,16 +100,33 @@ impl Topology {
             .map(|index| RegionId(index as u16))
     }
 
-    pub fn region_name(&self, region: RegionId) -> &str {
-        &self.regions[region.index()].name
+    /// The region with this id, if there is one: a job may name a region no node is in, and
+    /// carries an id the topology never gave out.
+    pub fn region(&self, region: RegionId) -> Option<&Region> {
+        self.regions.get(region.index())
     }
 
-    /// Great-circle distance between a site and a point, in kilometres.
+    pub fn site(&self, site: SiteId) -> Option<&Site> {
+        self.sites.get(site.index())
+    }
+
+    /// The region's name, or [`UNKNOWN_REGION_NAME`] for an id no region has.
+    pub fn region_name(&self, region: RegionId) -> &str {
+        self.region(region)
+            .map_or(UNKNOWN_REGION_NAME, |region| region.name.as_str())
+    }
+
+    /// Great-circle distance between a site and a point, in kilometres; infinite for an id no
+    /// site has (as far as a placement could be).
     pub fn distance_km(&self, site: SiteId, latitude: f64, longitude: f64) -> f64 {
-        let site = &self.sites[site.index()];
-        haversine_km(site.latitude, site.longitude, latitude, longitude)
+        self.site(site).map_or(f64::INFINITY, |site| {
+            haversine_km(site.latitude, site.longitude, latitude, longitude)
+        })
     }
 }
+
+/// What [`Topology::region_name`] says for an id no region has.
+pub const UNKNOWN_REGION_NAME: &str = "(a region no node is in)";
 
 /// Great-circle distance in kilometres on a spherical Earth.
 pub fn haversine_km(lat1: f64, lon1: f64, lat2: f64, lon2: f64) -> f64 {
@@ -146,5 +163,19 @@ mod tests {
         // Paris to London is about 344 km.
         let km = topology.distance_km(paris, 51.507, -0.128);
         assert!((km - 344.0).abs() < 5.0, "{km}");
+    }
+
+    /// Jobs carry region ids for regions no node is in; looking them up must not panic.
+    #[test]
+    fn ids_without_a_level_are_answered_not_indexed() {
+        let mut topology = Topology::default();
+        let eu = topology.add_region("eu-west");
+        let paris = topology.add_site("par1", eu, 48.85, 2.35);
+        assert_eq!(topology.region_name(eu), "eu-west");
+        assert_eq!(topology.region(RegionId(u16::MAX)), None);
+        assert_eq!(topology.region_name(RegionId(u16::MAX)), UNKNOWN_REGION_NAME);
+        assert_eq!(topology.site(paris).map(|site| site.name.as_str()), Some("par1"));
+        assert_eq!(topology.site(SiteId(7)), None);
+        assert_eq!(topology.distance_km(SiteId(7), 0.0, 0.0), f64::INFINITY);
     }
 }

@@ -54,7 +54,9 @@ impl Hints {
         {
             let mut open = self.open.lock().expect("canary hints lock");
             let fresh = open.read_at.is_some_and(|at| at.elapsed() < HINTS_FRESH_FOR);
-            if fresh || (open.reading && open.read_at.is_some()) {
+            // While one heartbeat reads them, the others answer from what is known (a node
+            // ordered a canary meanwhile gets it at its next heartbeat).
+            if fresh || open.reading {
                 return Ok(open.nodes.contains(&node));
             }
             open.reading = true;

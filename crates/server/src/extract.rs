@@ -27,8 +27,22 @@ async fn read_body(request: Request) -> Result<Bytes, ApiError> {
     })
 }
 
+/// Parses a JSON body; a refusal names the field at fault (`leases[0]: invalid type …`).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|error| ApiError::BadRequest(format!("invalid JSON body: {error}")))
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let parsed: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        if path.is_empty() || path == "." {
+            ApiError::BadRequest(format!("invalid JSON body: {inner}"))
+        } else {
+            ApiError::BadRequest(format!("invalid JSON body: {path}: {inner}"))
+        }
+    })?;
+    deserializer
+        .end()
+        .map_err(|error| ApiError::BadRequest(format!("invalid JSON body: {error}")))?;
+    Ok(parsed)
 }
 
 fn check_content_type(parts: &Parts) -> Result<(), ApiError> {

@@ -182,31 +182,60 @@ async fn first_lease_start(state: &AppState, rows: &[(i64, String, String, i64)]
 /// signature on a record for a lease it does not hold).
 pub const USAGE_EVIDENCE: [&str; 2] = ["usage_violation", "foreign_lease_record"];
 
-/// § 4: after a violating record from `node` is kept as evidence, three within a day prove
-/// inflated usage.
-pub async fn check_usage_proof(state: &AppState, node: &NodeRecord, now: i64) -> ApiResult<Option<Fraud>> {
-    let rows = evidence_in_window(
-        state,
-        node.id,
-        &USAGE_EVIDENCE,
-        rules::USAGE_PROOF_WINDOW_MS * 1000,
-        now,
-    )
-    .await?;
+/// A rule that proves fraud by counting evidence (§§ 4–5).
+struct CountRule {
+    /// The kinds of evidence it counts, and over how long.
+    kinds: &'static [&'static str],
+    window_us: i64,
+    /// One of `Evidence`'s rules, fed each row's time in order.
+    count: fn(&mut Evidence, i64) -> Option<Fraud>,
+    /// The rule in words, for the decision.
+    rule: String,
+    /// Where the decision lists the rows, and the prefix of its key.
+    listed: &'static str,
+    key_prefix: &'static str,
+}
+
+/// Feeds `rule` the evidence against `node` inside its window; when it proves a fraud, decides
+/// it with the rows as its evidence, named by the first of them.
+async fn prove_by_count(state: &AppState, node: &NodeRecord, rule: CountRule, now: i64) -> ApiResult<Option<Fraud>> {
+    let rows = evidence_in_window(state, node.id, rule.kinds, rule.window_us, now).await?;
     let mut evidence = Evidence::default();
     let proven = rows
         .iter()
-        .map(|(_, _, _, at)| evidence.usage_violation(at / 1000))
+        .map(|(_, _, _, at)| (rule.count)(&mut evidence, at / 1000))
         .last()
         .flatten();
     let Some(fraud) = proven else { return Ok(None) };
     let since = first_lease_start(state, &rows, rows[0].3).await?;
-    let evidence = json!({
-        "rule": format!("{} of {}: {} violating usage records within 24 hours", fraud.section(), rules::POLICY_DOCUMENT, rules::USAGE_VIOLATIONS_TO_PROVE),
-        "records": evidence_json(&rows),
-    });
-    prove(state, node, fraud, evidence, since, format!("usage-{}", rows[0].0), now).await?;
+    let mut decided = json!({"rule": format!("{} of {}: {}", fraud.section(), rules::POLICY_DOCUMENT, rule.rule)});
+    decided[rule.listed] = Value::Array(evidence_json(&rows));
+    let key = format!("{}-{}", rule.key_prefix, rows[0].0);
+    prove(state, node, fraud, decided, since, key, now).await?;
     Ok(Some(fraud))
+}
+
+/// § 4 and § 7: keeps a violating usage record (`usage_violation`), or a node's signed record
+/// for a lease it does not hold (`foreign_lease_record`), as evidence against the node; three
+/// within a day prove inflated usage.
+pub async fn usage_evidence(state: &AppState, node_id: i64, kind: &str, detail: &str, now: i64) -> ApiResult<()> {
+    state.store.record_evidence(Some(node_id), kind, detail, now).await?;
+    let Some(node) = state.store.node(node_id).await? else {
+        return Ok(());
+    };
+    let rule = CountRule {
+        kinds: &USAGE_EVIDENCE,
+        window_us: rules::USAGE_PROOF_WINDOW_MS * 1000,
+        count: Evidence::usage_violation,
+        rule: format!(
+            "{} violating usage records within 24 hours",
+            rules::USAGE_VIOLATIONS_TO_PROVE
+        ),
+        listed: "records",
+        key_prefix: "usage",
+    };
+    prove_by_count(state, &node, rule, now).await?;
+    Ok(())
 }
 
 /// A lease missing from a node's heartbeats, and the signed heartbeats that leave it out.
@@ -315,21 +344,15 @@ pub async fn dropped(state: &AppState, node: &NodeRecord, drop: Dropped, now: i6
         now,
     )
     .await?;
-    let rows = evidence_in_window(state, node.id, &["dropped_lease"], rules::DROP_WINDOW_MS * 1000, now).await?;
-    let mut evidence = Evidence::default();
-    let proven = rows
-        .iter()
-        .map(|(_, _, _, at)| evidence.dropped_lease(at / 1000))
-        .last()
-        .flatten();
-    if let Some(fraud) = proven {
-        let since = first_lease_start(state, &rows, rows[0].3).await?;
-        let evidence = json!({
-            "rule": format!("{} of {}: {} dropped leases within 7 days", fraud.section(), rules::POLICY_DOCUMENT, rules::DROPS_TO_PROVE),
-            "drops": evidence_json(&rows),
-        });
-        prove(state, node, fraud, evidence, since, format!("drop-{}", rows[0].0), now).await?;
-    }
+    let rule = CountRule {
+        kinds: &["dropped_lease"],
+        window_us: rules::DROP_WINDOW_MS * 1000,
+        count: Evidence::dropped_lease,
+        rule: format!("{} dropped leases within 7 days", rules::DROPS_TO_PROVE),
+        listed: "drops",
+        key_prefix: "drop",
+    };
+    prove_by_count(state, node, rule, now).await?;
     state.wake.notify_one();
     Ok(())
 }

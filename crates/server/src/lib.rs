@@ -27,11 +27,14 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use store::{Role, Store};
+use tower_http::catch_panic::CatchPanicLayer;
 
 pub use error::ApiError;
-pub use state::{AppState, Config, now_us};
+pub use state::{AppState, Config, advance_clock_for_tests, now_us};
 
 /// The file in the data directory that holds the first admin's API key.
 pub const ADMIN_KEY_FILE: &str = "admin.key";
@@ -89,7 +92,35 @@ pub fn router(state: Arc<AppState>) -> Router {
         })
         .fallback(|| async { ApiError::NotFound("no such endpoint; see /v1/openapi.json".into()) })
         .layer(DefaultBodyLimit::max(api::REQUEST_BODY_BYTES_MAX))
+        .layer(catch_panics())
         .with_state(state)
+}
+
+/// Answers a request whose handler panicked with a 500 and the API's error body, and logs the
+/// panic, instead of dropping the connection: a client then learns that the server failed, not
+/// that the network did, and the other requests on the connection go on.
+fn catch_panics() -> CatchPanicLayer<PanicResponder> {
+    CatchPanicLayer::custom(panic_response as PanicResponder)
+}
+
+type PanicResponder = fn(Box<dyn std::any::Any + Send>) -> Response;
+
+fn panic_response(panic: Box<dyn std::any::Any + Send>) -> Response {
+    let message = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(a panic without a message)");
+    tracing::error!(panic = message, "a request handler panicked; answered 500");
+    let body = api::ErrorBody {
+        error: api::ErrorDetail {
+            code: "internal".to_string(),
+            message: "internal error: the server hit a bug serving this request (it is logged); retry, or report it \
+                      if it persists"
+                .to_string(),
+        },
+    };
+    (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(body)).into_response()
 }
 
 /// Creates the first admin account and writes its key to `DATA_DIR/admin.key` (mode 0600),
@@ -255,11 +286,57 @@ pub async fn start(database_url: &str, config: Config) -> anyhow_like::Result<Ru
     let beats = tokio::spawn(beats::run(state.clone(), watch.clone()));
     let checkpoints = tokio::spawn(checkpoints(state.clone(), watch.clone()));
     let rotations = tokio::spawn(key_rotations(state.clone(), watch.clone()));
-    let reconcile = tokio::spawn(reconcile::run(state.clone(), watch));
+    let mut tasks = vec![serve, beats, checkpoints, rotations];
+    if state.config.reconcile {
+        tasks.push(tokio::spawn(reconcile::run(state.clone(), watch)));
+    }
     Ok(Running {
         addr,
         state,
         shutdown,
-        tasks: vec![serve, beats, checkpoints, rotations, reconcile],
+        tasks,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handler that panics is answered with a 500 and the usual error body, and the server
+    /// goes on serving (the connection is not just closed).
+    #[tokio::test]
+    async fn a_panicking_handler_gets_a_500_with_an_error_body() {
+        let app = Router::new()
+            .route(
+                "/boom",
+                get(|| async {
+                    let empty: Vec<u32> = Vec::new();
+                    let index = empty.len() + 65_535;
+                    // Indexing past the end, the way the defect of issue 17 did.
+                    format!("{}", empty[index])
+                }),
+            )
+            .route("/fine", get(|| async { "fine" }))
+            .layer(catch_panics());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a free port");
+        let addr = listener.local_addr().expect("bound");
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = reqwest::Client::new();
+        let response = client
+            .get(format!("http://{addr}/boom"))
+            .send()
+            .await
+            .expect("an answer, not a closed connection");
+        assert_eq!(response.status(), reqwest::StatusCode::INTERNAL_SERVER_ERROR);
+        let body: api::ErrorBody = response.json().await.expect("the API's error body");
+        assert_eq!(body.error.code, "internal");
+        assert!(body.error.message.contains("bug"), "{}", body.error.message);
+        let fine = client
+            .get(format!("http://{addr}/fine"))
+            .send()
+            .await
+            .expect("still serving");
+        assert_eq!(fine.status(), reqwest::StatusCode::OK);
+        server.abort();
+    }
 }

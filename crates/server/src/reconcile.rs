@@ -31,13 +31,18 @@ async fn build_view(state: &AppState) -> Result<FleetView, ApiError> {
     let leases = state.store.live_leases().await?;
     let standings = crate::reputation::standings(state, &NodeFacts::all(&nodes), now_us()).await?;
     Metrics::add(&state.metrics.rebuilds, 1);
-    Ok(FleetView::build(
-        nodes,
-        &leases,
-        &standings,
-        version,
-        state.config.matcher.clone(),
-    ))
+    let view = FleetView::build(nodes, &leases, &standings, version, state.config.matcher.clone());
+    if !view.conflicts.is_empty() {
+        Metrics::add(&state.metrics.view_conflicts, view.conflicts.len() as u64);
+        if state.config.strict_view {
+            let conflicts: Vec<String> = view.conflicts.iter().map(ToString::to_string).collect();
+            return Err(ApiError::Internal(format!(
+                "the rebuilt view disagrees with the store: {}",
+                conflicts.join("; ")
+            )));
+        }
+    }
+    Ok(view)
 }
 
 /// Makes sure a view exists for quotes and offer searches. The leader keeps its own current;
@@ -67,6 +72,23 @@ pub async fn ensure_view(state: &AppState) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Takes the lead, the leader lock being held: fences off the previous leader (this waits for
+/// its last placement to commit, so the view built next sees it, and makes any later one fail)
+/// and starts from the store, not from what this replica saw as a follower. Returns the cursor
+/// the passes start from.
+pub async fn lead(state: &AppState) -> Result<Cursor, ApiError> {
+    let epoch = state.store.take_leadership().await?;
+    state.fence.store(epoch, std::sync::atomic::Ordering::SeqCst);
+    tracing::info!("this replica now leads the reconcile loop");
+    *state.view.lock().await = None;
+    state.lease_hints.forget();
+    state.metrics.is_leader.store(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(Cursor {
+        led_since: now_us(),
+        ..Cursor::default()
+    })
+}
+
 /// Runs until `shutdown` turns true: tries to lead, and while leading, reconciles.
 pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let mut guard = None;
@@ -78,27 +100,18 @@ pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receive
         }
         if guard.is_none() {
             match state.store.try_lead().await {
-                Ok(Some(held)) => {
-                    // Fence off the previous leader first: this waits for its last placement
-                    // to commit (so the view below sees it) and makes any later one fail.
-                    match state.store.take_leadership().await {
-                        Ok(epoch) => state.fence.store(epoch, std::sync::atomic::Ordering::SeqCst),
-                        Err(error) => {
-                            tracing::warn!(%error, "could not take the leadership epoch");
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                            continue;
-                        }
+                Ok(Some(held)) => match lead(&state).await {
+                    Ok(led) => {
+                        cursor = led;
+                        reasons.clear();
+                        guard = Some(held);
                     }
-                    tracing::info!("this replica now leads the reconcile loop");
-                    // A new leader starts from the store, not from what it saw as a follower.
-                    *state.view.lock().await = None;
-                    cursor = Cursor {
-                        led_since: now_us(),
-                        ..Cursor::default()
-                    };
-                    guard = Some(held);
-                    state.metrics.is_leader.store(1, std::sync::atomic::Ordering::Relaxed);
-                }
+                    Err(error) => {
+                        tracing::warn!(%error, "could not take the leadership epoch");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                },
                 Ok(None) => {}
                 Err(error) => tracing::warn!(%error, "could not ask for leadership"),
             }
@@ -191,7 +204,7 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
         .lock()
         .await
         .as_ref()
-        .is_none_or(|view| view.version != version);
+        .is_none_or(|view| view.version != version || view.stale);
     if !rebuild && now - cursor.trust_checked_at >= TRUST_CHECK_EVERY_US {
         cursor.trust_checked_at = now;
         let facts = view_facts(state).await;
@@ -256,6 +269,8 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
             view.release(*lease);
             cursor.ended_since = cursor.ended_since.max(*at);
         }
+        // A node cordoned for a conflict may be free of it now.
+        view.stale |= !view.conflicts.is_empty();
     }
     cursor.ended_since = cursor.ended_since.max(now);
     // Preemptions whose grace has run out: the victim's lease ends and its job queues again.
@@ -263,47 +278,74 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
     // stopped, fails, and so does its job.
     let grace_us = i64::from(state.config.matcher.preemption_grace_s) * 1_000_000;
     for lease in state.store.leases_due(now, now - grace_us).await? {
-        let preempted = lease.lease.preempt_at.is_some_and(|at| at <= now);
-        let (to, reason) = if preempted {
-            let hot = state.view.lock().await.as_ref().is_some_and(|view| {
-                view.dense
-                    .get(&lease.lease.node_id)
-                    .is_some_and(|node| view.matcher.node_cordoned(*node))
-            });
-            let reason = if hot && lease.lease.tier == Tier::Bronze.name() {
-                "preempted: its node stayed over its owner's thermal or power limit"
-            } else {
-                "preempted for gold or silver work"
-            };
-            (LeaseState::Preempted, reason)
-        } else {
-            (
-                LeaseState::Failed,
-                "ran past the job's max_runtime_s; stopped by the coordinator",
-            )
-        };
-        let Some(ended) = state.store.end_lease(lease.id, to, reason, now).await? else {
+        if lease.lease.preempt_at.is_some_and(|at| at <= now) {
+            let reason = preemption_reason(state, &lease).await;
+            end_preempted(state, lease.id, &reason, now).await?;
+            continue;
+        }
+        let reason = "ran past the job's max_runtime_s; stopped by the coordinator";
+        let Some(ended) = state.store.end_lease(lease.id, LeaseState::Failed, reason, now).await? else {
             continue;
         };
         state.view.lock().await.as_mut().expect("built above").release(ended.id);
-        if preempted {
-            Metrics::add(&state.metrics.leases_preempted, 1);
-            state
-                .store
-                .requeue_job(ended.job_id, "preempted; queued again", now)
-                .await?;
-        } else {
-            tracing::warn!(
-                lease = ended.id,
-                job = ended.job_id,
-                "a lease ran past its maximum runtime"
-            );
-            crate::routes::settle_job(state, ended.job_id).await?;
-        }
+        tracing::warn!(
+            lease = ended.id,
+            job = ended.job_id,
+            "a lease ran past its maximum runtime"
+        );
+        crate::routes::settle_job(state, ended.job_id).await?;
     }
     place_queued(state, now, reasons).await?;
     // After the placements: canaries take only the GPUs work left idle.
     trust_duties(state, cursor, now).await
+}
+
+/// Ends a lease preempted for other work, its grace period over or its replica stopped within it
+/// (whatever its exit code: its work was cut short), and queues its job again (a gang's other
+/// replicas stop: it restarts whole). False when the lease had ended already.
+pub async fn end_preempted(state: &AppState, lease_id: i64, reason: &str, now: i64) -> Result<bool, ApiError> {
+    let Some(ended) = state
+        .store
+        .end_lease(lease_id, LeaseState::Preempted, reason, now)
+        .await?
+    else {
+        return Ok(false);
+    };
+    if let Some(view) = state.view.lock().await.as_mut() {
+        view.release(ended.id);
+    }
+    Metrics::add(&state.metrics.leases_preempted, 1);
+    // A gang cannot go on without a replica: its others stop and it queues again whole.
+    restart_jobs(state, &[ended.job_id], "preempted; queued again", now).await?;
+    state.wake.notify_one();
+    Ok(true)
+}
+
+/// Why a lease is preempted, in words: for another job, for its node's heat, or for the end of
+/// its provider's window (or a reservation).
+pub async fn preemption_reason(state: &AppState, lease: &store::LeaseRecord) -> String {
+    if let Some(by) = lease.preempted_by {
+        return format!("preempted for job {by}");
+    }
+    let hot = state.view.lock().await.as_ref().is_some_and(|view| {
+        view.dense
+            .get(&lease.lease.node_id)
+            .is_some_and(|node| view.matcher.node_cordoned(*node))
+    });
+    if hot && lease.lease.tier == Tier::Bronze.name() {
+        "preempted: its node stayed over its owner's thermal or power limit".into()
+    } else {
+        "preempted: its provider's window closes, or a reservation takes its GPUs".into()
+    }
+}
+
+/// Whether a lease is in a preemption's grace period at `now`: its replica has been told to
+/// stop (SIGTERM) and ends at its `preempt_at`.
+pub fn in_preemption_grace(lease: &store::LeaseRecord, grace_s: u32, now: i64) -> bool {
+    lease
+        .lease
+        .preempt_at
+        .is_some_and(|at| now >= at - i64::from(grace_s) * 1_000_000)
 }
 
 /// The leader's share of the trust policy (docs/trust-policy.md): canaries that are due, and
@@ -477,7 +519,12 @@ pub async fn restart_jobs(state: &AppState, jobs: &[i64], reason: &str, now: i64
             if lease.state.is_live()
                 && let Some(ended) = state
                     .store
-                    .end_lease(lease.id, LeaseState::Cancelled, "a replica of the gang was lost", now)
+                    .end_lease(
+                        lease.id,
+                        LeaseState::Cancelled,
+                        &format!("a replica of the gang ended: {reason}"),
+                        now,
+                    )
                     .await?
                 && let Some(view) = state.view.lock().await.as_mut()
             {
@@ -543,16 +590,11 @@ async fn repair_gang(state: &AppState, job_id: i64, lost: &[model::Lease], now: 
         let Ok(plan) = view.matcher.plan_repair(&spec, lost, now_s) else {
             return Ok(false);
         };
+        let victims = victim_leases(view, &plan.victims);
         let Ok(committed) = view.matcher.commit_repair(&plan) else {
             return Ok(false);
         };
-        let mut victims_due = Vec::new();
-        for victim in &plan.victims {
-            if let Some(store_lease) = view.store_of_lease.remove(&victim.lease) {
-                view.lease_of_store.remove(&store_lease);
-                victims_due.push((store_lease, now + i64::from(victim.grace_s) * 1_000_000));
-            }
-        }
+        let victims_due = take_victims(view, &victims, job_id, now);
         let leases = new_leases(view, &plan.placement, &committed, &spec, catalog, now);
         (
             leases
@@ -562,12 +604,18 @@ async fn repair_gang(state: &AppState, job_id: i64, lost: &[model::Lease], now: 
             victims_due,
         )
     };
-    for (lease, at) in victims_due {
-        state.store.set_lease_preempt_at(lease, Some(at)).await?;
-    }
     let (new, ids): (Vec<NewLease>, Vec<model::LeaseId>) = writes.into_iter().unzip();
     let fence = state.fence.load(std::sync::atomic::Ordering::SeqCst);
-    let records = state.store.add_leases(job_id, &new, now, fence).await?;
+    let records = match state.store.add_leases(job_id, &new, &victims_due, now, fence).await {
+        Ok(records) => records,
+        Err(error) => {
+            // The matcher took the replacements and let the victims go: neither happened.
+            if let Some(view) = state.view.lock().await.as_mut() {
+                view.stale = true;
+            }
+            return Err(error.into());
+        }
+    };
     if let Some(view) = state.view.lock().await.as_mut() {
         for (record, id) in records.iter().zip(ids) {
             record_lease(state, view, record, id);
@@ -586,6 +634,53 @@ struct Pending {
     submitted_at: i64,
     matcher_job: model::JobId,
     matcher_leases: Vec<model::LeaseId>,
+    /// Whether the placement preempts: the matcher let its victims go.
+    preempts: bool,
+}
+
+/// A plan's victims as the matcher held them, read before the plan commits (which releases
+/// them).
+fn victim_leases(view: &FleetView, victims: &[matcher::Victim]) -> Vec<(matcher::Victim, Option<model::Lease>)> {
+    victims
+        .iter()
+        .map(|victim| (victim.clone(), view.matcher.lease(victim.lease).cloned()))
+        .collect()
+}
+
+/// The store leases of a committed plan's victims, each with the end of its grace period. The
+/// matcher released them whole; what their preemptor (`job`) does not hold stays held until they
+/// end (`FleetView::hold_victim`).
+fn take_victims(
+    view: &mut FleetView,
+    victims: &[(matcher::Victim, Option<model::Lease>)],
+    job: i64,
+    now: i64,
+) -> Vec<store::Victim> {
+    let mut out = Vec::with_capacity(victims.len());
+    for (victim, lease) in victims {
+        let Some(store_lease) = view.store_of_lease.remove(&victim.lease) else {
+            continue;
+        };
+        view.lease_of_store.remove(&store_lease);
+        if let Some(lease) = lease {
+            let hold = crate::view::VictimHold {
+                node: lease.node,
+                gpu_mask: lease.gpu_mask,
+                gpu_milli: lease.gpu_milli,
+                by_job: job,
+            };
+            if let Err(error) = view.hold_victim(store_lease, hold) {
+                // Released GPUs always fit; a failure is a bug, and the next view finds it.
+                tracing::error!(lease = store_lease, %error, "a victim's other GPUs could not be held");
+                view.stale = true;
+            }
+        }
+        out.push(store::Victim {
+            lease_id: store_lease,
+            preempt_at: now + i64::from(victim.grace_s) * 1_000_000,
+        });
+    }
+    out
 }
 
 async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, String>) -> Result<(), ApiError> {
@@ -601,7 +696,6 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
     let mut writes = Vec::new();
     let mut pending = Vec::new();
     let mut reason_updates = Vec::new();
-    let mut victims_due = Vec::new();
     {
         let mut guard = state.view.lock().await;
         let view = guard.as_mut().expect("built before placing");
@@ -672,12 +766,13 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
                     continue;
                 }
             };
+            let victims = victim_leases(view, &victims);
             let committed = if victims.is_empty() {
                 view.matcher.commit(&placement)
             } else {
                 let plan = matcher::PreemptionPlan {
                     placement: placement.clone(),
-                    victims: victims.clone(),
+                    victims: victims.iter().map(|(victim, _)| victim.clone()).collect(),
                 };
                 view.matcher.commit_preemption(&plan)
             };
@@ -689,12 +784,7 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
                 }
             };
             Metrics::add(&state.metrics.decision_nanos, decided.elapsed().as_nanos() as u64);
-            for victim in &victims {
-                if let Some(store_lease) = view.store_of_lease.remove(&victim.lease) {
-                    view.lease_of_store.remove(&store_lease);
-                    victims_due.push((store_lease, now + i64::from(victim.grace_s) * 1_000_000));
-                }
-            }
+            let victims = take_victims(view, &victims, job.id, now);
             let held = hold
                 .entries
                 .iter()
@@ -702,21 +792,20 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
                 .map_or(0, |entry| entry.amount.0);
             balances.insert(job.tenant_id, Micros(available.0 - held));
             let leases = new_leases(view, &placement, &committed, &spec, catalog, now);
-            writes.push(PlacementWrite {
-                job_id: job.id,
-                leases,
-                hold: Some(crate::money::row(&hold)),
-            });
             pending.push(Pending {
                 submitted_at: job.submitted_at,
                 matcher_job: spec.id,
                 matcher_leases: committed.iter().map(|lease| lease.id).collect(),
+                preempts: !victims.is_empty(),
+            });
+            writes.push(PlacementWrite {
+                job_id: job.id,
+                leases,
+                hold: Some(crate::money::row(&hold)),
+                victims,
             });
             reasons.remove(&job.id);
         }
-    }
-    for (lease, at) in victims_due {
-        state.store.set_lease_preempt_at(lease, Some(at)).await?;
     }
     for (writes, pending) in writes
         .chunks(PLACEMENTS_PER_COMMIT_MAX)
@@ -745,6 +834,9 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
                         }
                         None => {
                             view.matcher.release_job(pending.matcher_job, now / 1_000_000);
+                            // Its victims were not marked and run on: the matcher must hold
+                            // them again.
+                            view.stale |= pending.preempts;
                         }
                     }
                 }
@@ -753,6 +845,7 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
                 tracing::warn!(%error, "placements were not written; their jobs stay queued");
                 for pending in pending {
                     view.matcher.release_job(pending.matcher_job, now / 1_000_000);
+                    view.stale |= pending.preempts;
                 }
                 if matches!(error, store::StoreError::Fenced(_)) {
                     return Err(error.into());

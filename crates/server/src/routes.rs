@@ -13,7 +13,7 @@ use axum::http::StatusCode;
 use ledger::Account;
 use model::{GpuCatalog, Micros};
 use serde::Deserialize;
-use store::{JobEnd, JobRecord, JobState, LeaseState, NewJob, NewNode, Role};
+use store::{JobEnd, JobRecord, JobState, LeaseMove, LeaseState, NewJob, NewNode, Role};
 
 use crate::beats::{self, OverLimitChange};
 use crate::error::{ApiError, ApiResult};
@@ -46,6 +46,30 @@ async fn own_job(state: &AppState, caller: &Caller, id: i64) -> ApiResult<JobRec
     }
 }
 
+/// A running job's wait in a preemption (see `views::preemption_reason`); reads the victims it
+/// waits for only when none of its leases has started.
+async fn running_reason(state: &AppState, job: &JobRecord, leases: &[store::LeaseRecord]) -> ApiResult<Option<String>> {
+    if job.state != JobState::Running {
+        return Ok(None);
+    }
+    let waiting = leases
+        .iter()
+        .any(|lease| lease.state == LeaseState::Pending && lease.lease.preempt_at.is_none());
+    let victims = if waiting {
+        state.store.live_victims_of(job.id).await?
+    } else {
+        Vec::new()
+    };
+    let grace_s = state.config.matcher.preemption_grace_s;
+    Ok(crate::views::preemption_reason(
+        job,
+        leases,
+        &victims,
+        grace_s,
+        now_us(),
+    ))
+}
+
 async fn full_job_view(state: &AppState, job: &JobRecord) -> ApiResult<JobView> {
     let leases = state.store.leases_of_job(job.id).await?;
     let escrow = state.store.balance(&Account::Escrow(job.id).key()).await?;
@@ -56,6 +80,9 @@ async fn full_job_view(state: &AppState, job: &JobRecord) -> ApiResult<JobView> 
         }
     }
     let mut view = job_view(job, &leases, cost, escrow);
+    if let Some(reason) = running_reason(state, job, &leases).await? {
+        view.state_reason = reason;
+    }
     let ids: Vec<i64> = leases.iter().map(|lease| lease.id).collect();
     let progress = state.store.lease_progress(&ids).await?;
     if let Some((_, unit, _)) = progress.first() {
@@ -140,7 +167,11 @@ pub async fn list_jobs(
     let mut views = Vec::with_capacity(jobs.len());
     for job in &jobs {
         let leases = state.store.leases_of_job(job.id).await?;
-        views.push(job_view(job, &leases, 0, 0));
+        let mut view = job_view(job, &leases, 0, 0);
+        if let Some(reason) = running_reason(&state, job, &leases).await? {
+            view.state_reason = reason;
+        }
+        views.push(view);
     }
     Ok(Json(JobList {
         jobs: views,
@@ -163,10 +194,14 @@ async fn explain_queued(state: &AppState, job: &JobRecord) -> ApiResult<Option<S
     let fleet = state.view.lock().await;
     let Some(fleet) = fleet.as_ref() else { return Ok(None) };
     let now_s = now_us() / 1_000_000;
-    let Ok(spec) = job_request(job).to_spec(job.id, job.tenant_id, now_s, |name| fleet.region(name)) else {
+    let request = job_request(job);
+    let Ok(spec) = request.to_spec(job.id, job.tenant_id, now_s, |name| fleet.region(name)) else {
         return Ok(None);
     };
-    Ok(Some(fleet.matcher.explain(&spec, now_s).message))
+    // The regions by the names the job gave: one no node is in has no id to name it by.
+    Ok(Some(
+        fleet.matcher.explain_naming(&spec, now_s, &request.regions).message,
+    ))
 }
 
 /// Ends a job and releases its escrow; its live leases end with `leases_to` (agents stop them).
@@ -238,7 +273,7 @@ pub async fn quote_job(
         .ok_or_else(|| ApiError::Unavailable("the fleet view is not built yet".into()))?;
     let now_s = now_us() / 1_000_000;
     let spec = request.to_spec(0, caller.account_id, now_s, |name| view.region(name))?;
-    let quote = view.matcher.quote(&spec, now_s);
+    let quote = view.matcher.quote_naming(&spec, now_s, &request.regions);
     Ok(Json(QuoteView {
         price_micros_per_gpu_hour: quote.price_per_gpu_hour.map(|price| price.0),
         nodes_feasible: quote.nodes_feasible,
@@ -543,7 +578,7 @@ pub(crate) fn check_name(field: &str, value: &str, required: bool) -> ApiResult<
     if required && value.trim().is_empty() {
         return Err(ApiError::BadRequest(format!("{field}: must not be empty")));
     }
-    if value.len() > 128 || value.chars().any(char::is_control) {
+    if value.chars().count() > 128 || value.chars().any(char::is_control) {
         return Err(ApiError::BadRequest(format!(
             "{field}: at most 128 printable characters"
         )));
@@ -650,19 +685,30 @@ pub(crate) async fn own_node(state: &AppState, caller: &Caller, id: i64) -> ApiR
 }
 
 async fn full_node_view(state: &AppState, record: &store::NodeRecord) -> ApiResult<NodeView> {
-    let live = state.store.live_leases_of_node(record.id).await?.len() as i64;
+    let mut views = full_node_views(state, std::slice::from_ref(record)).await?;
+    Ok(views.remove(0))
+}
+
+/// Nodes as the API shows them, with their reputations read from one catch-up of the book.
+async fn full_node_views(state: &AppState, records: &[store::NodeRecord]) -> ApiResult<Vec<NodeView>> {
     crate::reputation::catch_up(state).await?;
-    let reputation = state.reputations.lock().await.node(record.id, now_us() / 1000);
-    let mut view = node_view(record, reputation.score(), live, 0);
-    view.reputation = Some(crate::views::reputation_view(&reputation));
-    // This replica may have heard the node since the store did (see `beats`).
-    if let Some((at, telemetry)) = state.beats.last(record.id)
-        && record.last_heartbeat_at.is_none_or(|stored| stored < at)
-    {
-        view.last_heartbeat_at_us = Some(at);
-        view.telemetry = serde_json::from_str(&telemetry).ok();
+    let now_ms = now_us() / 1000;
+    let mut views = Vec::with_capacity(records.len());
+    for record in records {
+        let live = state.store.live_leases_of_node(record.id).await?.len() as i64;
+        let reputation = state.reputations.lock().await.node(record.id, now_ms);
+        let mut view = node_view(record, reputation.score(), live, 0);
+        view.reputation = Some(crate::views::reputation_view(&reputation));
+        // This replica may have heard the node since the store did (see `beats`).
+        if let Some((at, telemetry)) = state.beats.last(record.id)
+            && record.last_heartbeat_at.is_none_or(|stored| stored < at)
+        {
+            view.last_heartbeat_at_us = Some(at);
+            view.telemetry = serde_json::from_str(&telemetry).ok();
+        }
+        views.push(view);
     }
-    Ok(view)
+    Ok(views)
 }
 
 pub async fn list_nodes(State(state): AppStateRef, Auth(caller): Auth) -> ApiResult<Json<Vec<NodeView>>> {
@@ -672,11 +718,7 @@ pub async fn list_nodes(State(state): AppStateRef, Auth(caller): Auth) -> ApiRes
     } else {
         state.store.nodes_of_provider(caller.account_id).await?
     };
-    let mut views = Vec::with_capacity(records.len());
-    for record in &records {
-        views.push(full_node_view(&state, record).await?);
-    }
-    Ok(Json(views))
+    Ok(Json(full_node_views(&state, &records).await?))
 }
 
 pub async fn show_node(
@@ -708,7 +750,9 @@ pub async fn earnings(State(state): AppStateRef, Auth(caller): Auth) -> ApiResul
     require(&caller, &[Role::Provider])?;
     let now = now_us();
     let mut nodes = Vec::new();
-    for record in state.store.nodes_of_provider(caller.account_id).await? {
+    let records = state.store.nodes_of_provider(caller.account_id).await?;
+    let views = full_node_views(&state, &records).await?;
+    for (record, view) in records.into_iter().zip(views) {
         let mut earned = 0i64;
         let mut gpu_milli_seconds = 0i64;
         for lease in state.store.leases_of_node(record.id).await? {
@@ -719,7 +763,6 @@ pub async fn earnings(State(state): AppStateRef, Auth(caller): Auth) -> ApiResul
         }
         let offered_seconds = ((now - record.registered_at) / 1_000_000).max(1);
         let capacity = offered_seconds * record.node.gpu_count.max(1) * 1000;
-        let view = full_node_view(&state, &record).await?;
         nodes.push(NodeEarnings {
             node_id: record.id,
             name: record.node.name.clone(),
@@ -769,6 +812,9 @@ async fn agent_leases_hinted(state: &AppState, node_id: i64) -> ApiResult<Vec<Ag
     }
 }
 
+/// The most leases a heartbeat may say its node holds.
+pub const HELD_LEASES_MAX: usize = 4096;
+
 pub async fn heartbeat(
     State(state): AppStateRef,
     signed: Signed<HeartbeatRequest, true>,
@@ -785,6 +831,9 @@ pub async fn heartbeat(
     }
     if let Some(fingerprint) = &request.fingerprint {
         check_name("fingerprint", fingerprint, false)?;
+    }
+    if request.leases.as_ref().is_some_and(|held| held.len() > HELD_LEASES_MAX) {
+        return Err(ApiError::BadRequest(format!("leases: at most {HELD_LEASES_MAX}")));
     }
     let telemetry = serde_json::json!({"gpus": request.gpus, "over_limit": request.over_limit}).to_string();
     let datasets = request
@@ -824,9 +873,6 @@ pub async fn heartbeat(
     Metrics::add(&state.metrics.heartbeats, 1);
     let mut leases = agent_leases_hinted(&state, signed.node_id).await?;
     if let Some(held) = &request.leases {
-        if held.len() > 4096 {
-            return Err(ApiError::BadRequest("leases: at most 4,096".into()));
-        }
         let min_age_us = crate::fraud::DROP_MIN_AGE_HEARTBEATS * state.config.heartbeat_interval_us();
         let evidence = signed.evidence("POST", "/v1/agent/heartbeat");
         let dropped = state
@@ -905,23 +951,69 @@ async fn node_lease(state: &AppState, node_id: i64, lease_id: i64, record: bool)
         Some(lease) if lease.lease.node_id == node_id => Ok(lease),
         _ => {
             let now = now_us();
-            let kind = if record {
-                "foreign_lease_record"
+            let detail = format!("report for lease {lease_id}");
+            if record {
+                crate::fraud::usage_evidence(state, node_id, "foreign_lease_record", &detail, now).await?;
             } else {
-                "foreign_lease"
-            };
-            state
-                .store
-                .record_evidence(Some(node_id), kind, &format!("report for lease {lease_id}"), now)
-                .await?;
-            if record && let Some(node) = state.store.node(node_id).await? {
-                crate::fraud::check_usage_proof(state, &node, now).await?;
+                state
+                    .store
+                    .record_evidence(Some(node_id), "foreign_lease", &detail, now)
+                    .await?;
             }
             Err(ApiError::Forbidden(format!(
                 "lease {lease_id} is not held by node {node_id}; the attempt is recorded"
             )))
         }
     }
+}
+
+/// A replica's end as its agent reports it (an event or an attestation), at `epoch`: the lease
+/// ends `to` (the node's outcome recorded, the job settled), or, in a preemption's grace
+/// period, as preempted whatever the exit (its job queues again). False when the lease was not
+/// live at that epoch.
+#[allow(clippy::too_many_arguments)]
+async fn replica_ended(
+    state: &AppState,
+    node_id: i64,
+    lease: &store::LeaseRecord,
+    epoch: i64,
+    to: LeaseState,
+    reason: &str,
+    event_detail: &str,
+    now: i64,
+) -> ApiResult<bool> {
+    if lease.epoch == epoch
+        && crate::reconcile::in_preemption_grace(lease, state.config.matcher.preemption_grace_s, now)
+    {
+        let why = crate::reconcile::preemption_reason(state, lease).await;
+        let reason = format!("{why}; its replica stopped within the grace period ({reason})");
+        if !crate::reconcile::end_preempted(state, lease.id, &reason, now).await? {
+            return Ok(false);
+        }
+        state
+            .store
+            .append_lease_event(lease.id, epoch, LeaseState::Preempted.as_str(), event_detail, now)
+            .await?;
+        return Ok(true);
+    }
+    if state.store.move_lease(lease.id, epoch, to, reason, now).await? != LeaseMove::Moved {
+        return Ok(false);
+    }
+    state
+        .store
+        .append_lease_event(lease.id, epoch, to.as_str(), event_detail, now)
+        .await?;
+    state
+        .store
+        .record_outcome(
+            node_id,
+            if to == LeaseState::Finished { "ok" } else { "job_failed" },
+            now,
+        )
+        .await?;
+    settle_job(state, lease.job_id).await?;
+    state.wake.notify_one();
+    Ok(true)
 }
 
 /// A job whose leases all ended: finished if every replica finished, else failed; its escrow is released.
@@ -979,11 +1071,31 @@ pub async fn lease_event(
     let reported: String = event.detail.chars().take(128).collect();
     check_name("detail", &reported, false)?;
     let now = now_us();
-    if !state
-        .store
-        .set_lease_state(lease_id, event.epoch, to, &reported, now)
-        .await?
-    {
+    let detail = match event.exit_code {
+        Some(code) => format!("exit code {code}; {reported}"),
+        None => reported.clone(),
+    };
+    let moved = if to.is_live() {
+        match state
+            .store
+            .move_lease(lease_id, event.epoch, to, &reported, now)
+            .await?
+        {
+            LeaseMove::Moved => {
+                state
+                    .store
+                    .append_lease_event(lease_id, event.epoch, to.as_str(), &detail, now)
+                    .await?;
+                true
+            }
+            // Already there or past it: the timeline keeps each change once.
+            LeaseMove::Already => true,
+            LeaseMove::NotLive => false,
+        }
+    } else {
+        replica_ended(&state, signed.node_id, &lease, event.epoch, to, &reported, &detail, now).await?
+    };
+    if !moved {
         return Err(ApiError::Conflict(format!(
             "lease {lease_id} is not live at epoch {} (now epoch {}, {}): stop it",
             event.epoch, lease.epoch, lease.state
@@ -991,26 +1103,6 @@ pub async fn lease_event(
     }
     if lease.state == LeaseState::Pending {
         state.metrics.lease_pickup.observe_us(now - lease.created_at);
-    }
-    let detail = match event.exit_code {
-        Some(code) => format!("exit code {code}; {reported}"),
-        None => reported,
-    };
-    state
-        .store
-        .append_lease_event(lease_id, event.epoch, to.as_str(), &detail, now)
-        .await?;
-    if !to.is_live() {
-        state
-            .store
-            .record_outcome(
-                signed.node_id,
-                if to == LeaseState::Finished { "ok" } else { "job_failed" },
-                now,
-            )
-            .await?;
-        settle_job(&state, lease.job_id).await?;
-        state.wake.notify_one();
     }
     let lease = state
         .store
@@ -1272,7 +1364,7 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
         period_end_ms: end_ms,
         ..usage_record(body)
     };
-    let gpus: Vec<u8> = (0..16u8).filter(|gpu| lease.lease.gpu_mask & (1 << gpu) != 0).collect();
+    let gpus = crate::views::gpu_indices(lease.lease.gpu_mask);
     let telemetry = state.beats.utilisation_over(
         signed.node_id,
         &gpus,
@@ -1288,13 +1380,7 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
             "signature_hex": signed.body.signature_hex,
             "clock_offset_ms": offset_ms,
         });
-        state
-            .store
-            .record_evidence(Some(signed.node_id), "usage_violation", &detail.to_string(), now)
-            .await?;
-        if let Some(node) = state.store.node(signed.node_id).await? {
-            crate::fraud::check_usage_proof(&state, &node, now).await?;
-        }
+        crate::fraud::usage_evidence(&state, signed.node_id, "usage_violation", &detail.to_string(), now).await?;
         return Err(ApiError::BadRequest(format!(
             "usage record refused and kept as evidence (docs/trust-policy.md § 4): {violation}"
         )));
@@ -1442,26 +1528,8 @@ pub async fn attest(State(state): AppStateRef, signed: Signed<SignedAttestation>
     } else {
         LeaseState::Failed
     };
-    if state
-        .store
-        .set_lease_state(lease.id, body.epoch, to, &format!("exit code {}", body.exit_code), now)
-        .await?
-    {
-        state
-            .store
-            .append_lease_event(lease.id, body.epoch, to.as_str(), "attested", now)
-            .await?;
-        state
-            .store
-            .record_outcome(
-                signed.node_id,
-                if to == LeaseState::Finished { "ok" } else { "job_failed" },
-                now,
-            )
-            .await?;
-        settle_job(&state, lease.job_id).await?;
-        state.wake.notify_one();
-    }
+    let reason = format!("exit code {}", body.exit_code);
+    replica_ended(&state, signed.node_id, &lease, body.epoch, to, &reason, "attested", now).await?;
     let lease = state
         .store
         .lease(lease.id)

@@ -68,6 +68,13 @@ pub struct Config {
     pub canary_within_ms: u64,
     pub canary_check_every_ms: u64,
     pub matcher: MatcherConfig,
+    /// A rebuilt view that cannot hold a stored live lease fails the reconcile pass (tests),
+    /// instead of cordoning the lease's node and carrying on (a running coordinator).
+    pub strict_view: bool,
+    /// Whether this replica competes for the leader lock and runs the reconcile loop (on by
+    /// default; a test that drives the passes itself, through `reconcile::lead` and
+    /// `reconcile::pass`, turns it off).
+    pub reconcile: bool,
 }
 
 impl Config {
@@ -106,6 +113,8 @@ impl Default for Config {
             canary_within_ms: trust::rules::CANARY_WITHIN_MS as u64,
             canary_check_every_ms: 10_000,
             matcher: MatcherConfig::default(),
+            strict_view: false,
+            reconcile: true,
         }
     }
 }
@@ -142,6 +151,8 @@ pub struct Metrics {
     pub signatures_refused: AtomicU64,
     pub reconcile_passes: AtomicU64,
     pub rebuilds: AtomicU64,
+    /// Stored live leases a rebuilt view could not hold (always a bug; see `view::Conflict`).
+    pub view_conflicts: AtomicU64,
     pub is_leader: AtomicU64,
     pub lease_grant: crate::metrics::Histogram,
     pub lease_pickup: crate::metrics::Histogram,
@@ -208,10 +219,22 @@ impl WriterTurns {
     }
 }
 
+/// How far the coordinator's clock runs ahead of the system's: zero but in a test that runs the
+/// leader's decisions over hours of grace periods and timeouts in seconds (one per process).
+static CLOCK_AHEAD_US: AtomicI64 = AtomicI64::new(0);
+
+/// Moves the coordinator's clock forward by `by_us` (tests only: see `CLOCK_AHEAD_US`).
+#[doc(hidden)]
+pub fn advance_clock_for_tests(by_us: i64) {
+    CLOCK_AHEAD_US.fetch_add(by_us.max(0), Ordering::SeqCst);
+}
+
+/// The coordinator's clock, in microseconds since 1970: every time it stamps or decides on.
 pub fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_micros() as i64)
+        + CLOCK_AHEAD_US.load(Ordering::SeqCst)
 }
 
 impl AppState {

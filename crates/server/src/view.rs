@@ -26,6 +26,46 @@ pub struct FleetView {
     /// Per dense node, the reliability (ppm) and gold eligibility it was built with
     /// (`reputation::Standings::for_matcher`): the leader builds again when they move.
     pub trust: Vec<(u32, bool)>,
+    /// Stored live leases that did not fit their nodes when the view was built. Always a bug:
+    /// their nodes are cordoned (no GPU is booked twice), and the view is built again once a
+    /// lease ends.
+    pub conflicts: Vec<Conflict>,
+    /// Build the view again before the next decision: a write it mirrored did not happen.
+    pub stale: bool,
+    /// Preempted leases in their grace period, by store lease (`hold_victim`).
+    pub victims: HashMap<i64, VictimHold>,
+}
+
+/// A stored live lease the rebuilt matcher could not hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    pub job: i64,
+    pub leases: Vec<i64>,
+    pub node: i64,
+    pub why: String,
+}
+
+impl std::fmt::Display for Conflict {
+    fn fmt(&self, out: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            out,
+            "job {}'s stored live leases {:?} do not fit node {}: {}",
+            self.job, self.leases, self.node, self.why
+        )
+    }
+}
+
+/// The matcher job ids of victims' holds (`FleetView::hold_rest`): this bit and the victim's
+/// store lease id, never a store job's id.
+pub const HOLD_JOBS: u64 = 1 << 62;
+
+/// A preempted lease in its grace period: its GPUs on its node, and the job that preempted it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VictimHold {
+    pub node: NodeId,
+    pub gpu_mask: u16,
+    pub gpu_milli: u16,
+    pub by_job: i64,
 }
 
 /// A node's reliability moved this much (ppm) since the view was built: build it again.
@@ -120,20 +160,40 @@ impl FleetView {
             store_of_lease: HashMap::new(),
             version,
             trust,
+            conflicts: Vec::new(),
+            stale: false,
+            victims: HashMap::new(),
         };
         // Leases first, then take the silent and broken nodes offline: a lease on a node that
         // went silent while the coordinator was down is found by the next liveness pass.
+        // A preemption's victim in its grace period is not committed as it is: the matcher
+        // released it when it decided, and the GPUs its preemptor took are the preemptor's
+        // (the agent starts the preemptor once the victim has stopped). The rest of its GPUs
+        // stay held until it ends (`hold_rest`).
         let mut by_job: BTreeMap<i64, Vec<&LeaseRecord>> = BTreeMap::new();
+        let mut victims = Vec::new();
         for lease in leases {
-            by_job.entry(lease.job_id).or_default().push(lease);
+            if lease.preempted_by.is_some() {
+                victims.push(lease);
+            } else {
+                by_job.entry(lease.job_id).or_default().push(lease);
+            }
         }
         for (job, job_leases) in by_job {
             let tier = Tier::parse(&job_leases[0].lease.tier).unwrap_or(Tier::Silver);
             let mut planned = Vec::new();
+            let mut held = Vec::new();
             for record in &job_leases {
                 let Some(node) = view.dense.get(&record.lease.node_id) else {
+                    view.conflicts.push(Conflict {
+                        job,
+                        leases: vec![record.id],
+                        node: record.lease.node_id,
+                        why: "the node is not in the store".into(),
+                    });
                     continue;
                 };
+                held.push(*record);
                 planned.push(Lease {
                     id: LeaseId(0),
                     job: JobId(job as u64),
@@ -150,6 +210,9 @@ impl FleetView {
                     state: LeaseState::Running,
                 });
             }
+            if planned.is_empty() {
+                continue;
+            }
             let placement = Placement {
                 job: JobId(job as u64),
                 tier,
@@ -160,14 +223,60 @@ impl FleetView {
             };
             match matcher.commit(&placement) {
                 Ok(committed) => {
-                    for (lease, record) in committed.iter().zip(&job_leases) {
+                    for (lease, record) in committed.iter().zip(&held) {
                         view.lease_of_store.insert(record.id, lease.id);
                         view.store_of_lease.insert(lease.id, record.id);
                     }
                 }
                 Err(error) => {
-                    tracing::error!(job, %error, "a stored lease does not fit its node; left out of the matcher")
+                    let mut nodes: Vec<i64> = held.iter().map(|record| record.lease.node_id).collect();
+                    nodes.dedup();
+                    for node in nodes {
+                        view.conflicts.push(Conflict {
+                            job,
+                            leases: held
+                                .iter()
+                                .filter(|record| record.lease.node_id == node)
+                                .map(|record| record.id)
+                                .collect(),
+                            node,
+                            why: error.to_string(),
+                        });
+                    }
                 }
+            }
+        }
+        view.matcher = matcher;
+        for victim in victims {
+            let (Some(node), Some(by_job)) = (view.dense.get(&victim.lease.node_id).copied(), victim.preempted_by)
+            else {
+                continue;
+            };
+            let hold = VictimHold {
+                node,
+                gpu_mask: victim.lease.gpu_mask as u16,
+                gpu_milli: victim.lease.gpu_milli as u16,
+                by_job,
+            };
+            if let Err(why) = view.hold_victim(victim.id, hold) {
+                view.conflicts.push(Conflict {
+                    job: victim.job_id,
+                    leases: vec![victim.id],
+                    node: victim.lease.node_id,
+                    why,
+                });
+            }
+        }
+        let mut matcher = std::mem::replace(
+            &mut view.matcher,
+            Matcher::new(Topology::default(), Vec::new(), MatcherConfig::default()),
+        );
+        // A lease the matcher cannot hold would let it book those GPUs again: its node takes
+        // no new work until the view is built without the conflict.
+        for conflict in &view.conflicts {
+            tracing::error!(%conflict, "the store and the matcher disagree; the node is cordoned");
+            if let Some(node) = view.dense.get(&conflict.node) {
+                matcher.set_node_cordoned(*node, true);
             }
         }
         for (position, record) in view.records.iter().enumerate() {
@@ -185,15 +294,90 @@ impl FleetView {
         view
     }
 
-    /// Forgets a lease the store ended, freeing its capacity.
-    pub fn release(&mut self, store_lease: i64) -> bool {
-        match self.lease_of_store.remove(&store_lease) {
-            Some(id) => {
-                self.store_of_lease.remove(&id);
-                self.matcher.release_lease(id).is_some()
-            }
-            None => false,
+    /// Holds a preempted lease's GPUs until the store ends it, but those its preemptor holds:
+    /// the matcher released the victim whole when it decided, and the victim runs on in its
+    /// grace period. Should the preemptor's lease end first, its GPUs go back to the victim.
+    pub fn hold_victim(&mut self, store_lease: i64, victim: VictimHold) -> Result<(), String> {
+        self.victims.insert(store_lease, victim);
+        self.rehold(store_lease)
+    }
+
+    /// Holds what a victim's preemptor does not (see `hold_victim`), in place of what was held.
+    /// The hold is a lease of its own job (never preempted; GPUs only: the victim's CPU and
+    /// memory went to its preemptor).
+    fn rehold(&mut self, store_lease: i64) -> Result<(), String> {
+        let Some(victim) = self.victims.get(&store_lease).copied() else {
+            return Ok(());
+        };
+        if let Some(id) = self.lease_of_store.remove(&store_lease) {
+            self.store_of_lease.remove(&id);
+            self.matcher.release_lease(id);
         }
+        let taken = self
+            .matcher
+            .job_leases(JobId(victim.by_job as u64))
+            .iter()
+            .filter(|lease| lease.node == victim.node)
+            .fold(0, |mask, lease| mask | lease.gpu_mask);
+        let gpu_mask = victim.gpu_mask & !taken;
+        if gpu_mask == 0 {
+            return Ok(());
+        }
+        let job = JobId(HOLD_JOBS | store_lease as u64);
+        let placement = Placement {
+            job,
+            tier: Tier::Gold,
+            leases: vec![Lease {
+                id: LeaseId(0),
+                job,
+                replica: 0,
+                node: victim.node,
+                gpu_mask,
+                gpu_milli: victim.gpu_milli,
+                cpu_milli: 0,
+                memory_mib: 0,
+                epoch: 0,
+                start: 0,
+                expected_end: i64::MAX / 2,
+                price: Micros(0),
+                state: LeaseState::Running,
+            }],
+            clearing_price_per_cu_hour: None,
+            preempt_at: None,
+            checkpoint_interval_s: 0,
+        };
+        let committed = self.matcher.commit(&placement).map_err(|error| error.to_string())?;
+        self.record_lease(store_lease, committed[0].id);
+        Ok(())
+    }
+
+    /// Forgets a lease the store ended, freeing its capacity (a victim's hold with it). A
+    /// preemptor's lease that ends before its victims' grace does gives its GPUs back to them.
+    pub fn release(&mut self, store_lease: i64) -> bool {
+        let was_victim = self.victims.remove(&store_lease).is_some();
+        let Some(id) = self.lease_of_store.remove(&store_lease) else {
+            return was_victim;
+        };
+        self.store_of_lease.remove(&id);
+        let released = self.matcher.release_lease(id);
+        if let Some(lease) = &released
+            && !was_victim
+        {
+            let waiting: Vec<i64> = self
+                .victims
+                .iter()
+                .filter(|(_, victim)| victim.by_job == lease.job.0 as i64 && victim.node == lease.node)
+                .map(|(victim, _)| *victim)
+                .collect();
+            for victim in waiting {
+                if let Err(error) = self.rehold(victim) {
+                    // Freed GPUs always fit; a failure is a bug, and the next view finds it.
+                    tracing::error!(lease = victim, %error, "a victim's GPUs could not be held again");
+                    self.stale = true;
+                }
+            }
+        }
+        released.is_some()
     }
 
     /// Applies a node going on or off line; off line frees (and forgets) its leases in the matcher.
@@ -211,6 +395,10 @@ impl FleetView {
                 self.lease_of_store.remove(&store_lease);
             }
         }
+        if !online {
+            // The victims there are lost with the node.
+            self.victims.retain(|_, victim| victim.node != node);
+        }
         lost
     }
 
@@ -223,9 +411,12 @@ impl FleetView {
             return;
         };
         record.over_limit_since = since;
-        // A node cordoned for fraud stays cordoned, whatever its temperature.
-        self.matcher
-            .set_node_cordoned(node, since.is_some() || record.fraud_cordoned_at.is_some());
+        // A node cordoned for fraud, or for a conflict, stays cordoned, whatever its temperature.
+        let conflicted = self.conflicts.iter().any(|conflict| conflict.node == store_node);
+        self.matcher.set_node_cordoned(
+            node,
+            since.is_some() || record.fraud_cordoned_at.is_some() || conflicted,
+        );
     }
 
     pub fn record_lease(&mut self, store_lease: i64, id: LeaseId) {
@@ -305,6 +496,89 @@ mod tests {
             over_limit_since: None,
             fraud_cordoned_at,
         }
+    }
+
+    fn lease(id: i64, job_id: i64, node_id: i64, gpu_mask: i64, preempted_by: Option<i64>) -> LeaseRecord {
+        LeaseRecord {
+            id,
+            job_id,
+            lease: store::NewLease {
+                replica: 0,
+                node_id,
+                gpu_mask,
+                gpu_milli: 1000,
+                cpu_milli: 1000,
+                memory_mib: 1024,
+                price_micros: 1_000_000,
+                tier: if preempted_by.is_some() { "bronze" } else { "gold" }.into(),
+                gpu_model: "H100-SXM5".into(),
+                region: "eu-west".into(),
+                expected_end: i64::MAX / 2,
+                preempt_at: preempted_by.map(|_| 30_000_000),
+            },
+            epoch: 1,
+            state: store::LeaseState::Running,
+            created_at: 0,
+            ended_at: None,
+            end_reason: String::new(),
+            preempted_by,
+        }
+    }
+
+    /// Defect 1 of issue 17: a bronze victim (GPUs 0 and 1) in its grace period and the gold
+    /// lease that preempted it (GPU 0). The rebuilt view holds the gold lease, not the victim
+    /// (before, the victim went in first and the gold lease was left out), and keeps the
+    /// victim's GPU 1 held until it ends, so no GPU is booked twice.
+    #[test]
+    fn a_rebuilt_view_holds_a_preemptor_and_only_the_rest_of_its_victim() {
+        let victim = lease(1, 10, 1, 0b11, Some(11));
+        let preemptor = lease(2, 11, 1, 0b1, None);
+        let mut view = FleetView::build(
+            vec![record(1, None)],
+            &[victim, preemptor],
+            &Standings::default(),
+            (0, 0),
+            MatcherConfig::default(),
+        );
+        assert_eq!(view.conflicts, Vec::new());
+        assert!(view.lease_of_store.contains_key(&2), "the preemptor is held");
+        assert_eq!(view.matcher.job_leases(JobId(11)).len(), 1);
+        assert!(
+            view.matcher.job_leases(JobId(10)).is_empty(),
+            "the victim was released when preempted"
+        );
+        // Its GPU 1, which the preemptor did not take, stays held until the victim ends.
+        let held = view.matcher.job_leases(JobId(HOLD_JOBS | 1));
+        assert_eq!(held.iter().map(|lease| lease.gpu_mask).collect::<Vec<_>>(), vec![0b10]);
+        assert!(view.release(1), "the hold goes with the victim's lease");
+        assert!(view.matcher.job_leases(JobId(HOLD_JOBS | 1)).is_empty());
+        assert!(!view.matcher.node_cordoned(NodeId(0)));
+        assert_eq!(view.matcher.consistency_check(), Ok(()));
+    }
+
+    /// A stored live lease that does not fit is a bug: the view says so and cordons the node,
+    /// so the matcher never books those GPUs again (before, the lease was left out and the
+    /// GPUs went to the next job).
+    #[test]
+    fn a_stored_lease_that_does_not_fit_is_a_conflict_and_cordons_its_node() {
+        let first = lease(1, 10, 1, 0b11, None);
+        let second = lease(2, 11, 1, 0b1, None);
+        let elsewhere = lease(3, 12, 9, 0b1, None);
+        let view = FleetView::build(
+            vec![record(1, None)],
+            &[first, second, elsewhere],
+            &Standings::default(),
+            (0, 0),
+            MatcherConfig::default(),
+        );
+        let found: Vec<(i64, Vec<i64>, i64)> = view
+            .conflicts
+            .iter()
+            .map(|conflict| (conflict.job, conflict.leases.clone(), conflict.node))
+            .collect();
+        assert_eq!(found, vec![(11, vec![2], 1), (12, vec![3], 9)]);
+        assert!(view.matcher.node_cordoned(NodeId(0)));
+        assert!(view.lease_of_store.contains_key(&1));
     }
 
     fn standing(successes: usize, gold_eligible: bool) -> NodeStanding {

@@ -34,6 +34,49 @@ pub fn job_request(job: &JobRecord) -> JobRequest {
     serde_json::from_str(&job.spec).unwrap_or_default()
 }
 
+/// What a running job waits for in a preemption, in words, or None: a preemptor whose leases
+/// have not started waits out its `victims`' grace (`waiting for GPUs (preempting job 4, grace
+/// until …)`); a job whose lease is being preempted says when it stops (`preempting: stops at
+/// …`). `grace_s` is the coordinator's preemption grace.
+pub fn preemption_reason(
+    job: &JobRecord,
+    leases: &[LeaseRecord],
+    victims: &[LeaseRecord],
+    grace_s: u32,
+    now: i64,
+) -> Option<String> {
+    if job.state != store::JobState::Running {
+        return None;
+    }
+    let live: Vec<&LeaseRecord> = leases.iter().filter(|lease| lease.state.is_live()).collect();
+    let stopping = live
+        .iter()
+        .filter(|lease| lease.preempted_by.is_some() || crate::reconcile::in_preemption_grace(lease, grace_s, now))
+        .filter_map(|lease| Some((lease.lease.preempt_at?, lease.preempted_by)))
+        .min();
+    if let Some((at, by)) = stopping {
+        let by = by.map(|job| format!(" (for job {job})")).unwrap_or_default();
+        return Some(format!("preempting: stops at {}{by}", model::time::utc(at)));
+    }
+    let started = live.iter().any(|lease| lease.state != store::LeaseState::Pending);
+    let mut preempting: Vec<i64> = victims.iter().map(|victim| victim.job_id).collect();
+    preempting.sort_unstable();
+    preempting.dedup();
+    let grace_until = victims.iter().filter_map(|victim| victim.lease.preempt_at).max();
+    match grace_until {
+        Some(until) if !started && !live.is_empty() => {
+            let jobs: Vec<String> = preempting.iter().map(i64::to_string).collect();
+            let noun = if jobs.len() == 1 { "job" } else { "jobs" };
+            Some(format!(
+                "waiting for GPUs (preempting {noun} {}, grace until {})",
+                jobs.join(", "),
+                model::time::utc(until)
+            ))
+        }
+        _ => None,
+    }
+}
+
 pub fn job_view(job: &JobRecord, leases: &[LeaseRecord], cost_micros: i64, escrow_micros: i64) -> JobView {
     JobView {
         id: job.id,

@@ -22,6 +22,10 @@ async fn tenant_and_provider(h: &Harness) -> (common::Account, common::Account) 
     (tenant, provider)
 }
 
+fn text(value: &Value) -> &str {
+    value.as_str().unwrap_or_default()
+}
+
 fn micros(value: &Value) -> i64 {
     value.as_i64().unwrap_or_else(|| panic!("{value} is not an integer"))
 }
@@ -520,6 +524,151 @@ async fn gold_preempts_bronze_after_the_grace_period() {
                 .event(&victim, "running")
                 .await
                 .refused(409, "a report on the preempted lease");
+        },
+    )
+    .await;
+}
+
+/// Issue 17, defects 3 and 4: while a preemption's grace runs, the gold job says it waits for
+/// the bronze one's GPUs and the bronze job says when it stops; a bronze replica that exits with
+/// code 0 in its grace period ends as preempted and its job queues again (it did not finish);
+/// each state change is on the lease's timeline once; and the gold job's wait counts to its
+/// first run, not to its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_exiting_zero_in_its_grace_is_preempted_and_both_jobs_say_why() {
+    on_every_backend_with(
+        |config| config.matcher.preemption_grace_s = 30,
+        async |h: &Harness| {
+            let (tenant, provider) = tenant_and_provider(h).await;
+            let agent = h.node(&provider, "busy", |_| {}).await;
+            let mut bronze = job_request("bronze-sweep");
+            bronze["gpus"] = json!(8);
+            bronze["tier"] = json!("bronze");
+            let bronze_id = micros(&h.submit(&tenant, bronze).await["id"]);
+            let (_, victim) = run_until_placed(h, &agent, &tenant, bronze_id).await;
+            for state in ["staging", "running", "running", "staging"] {
+                agent
+                    .event(&victim, state)
+                    .await
+                    .expect(200, "a report, repeated or late");
+            }
+
+            let mut gold = job_request("gold-train");
+            gold["gpus"] = json!(4);
+            gold["tier"] = json!("gold");
+            gold["max_price_per_gpu_hour"] = json!("5.00");
+            let gold_id = micros(&h.submit(&tenant, gold).await["id"]);
+            let stops_at = h
+                .wait_for("the bronze lease to be told when to stop", async || {
+                    let view = h
+                        .get(&tenant.key, &format!("/v1/jobs/{bronze_id}"))
+                        .await
+                        .expect(200, "bronze");
+                    lease_on(&view, agent.node_id)?["preempt_at_us"].as_i64()
+                })
+                .await;
+            let grace_until = model::time::utc(stops_at);
+            let gold_view = h.wait_for_job(&tenant.key, gold_id, "running").await;
+            assert_eq!(
+                gold_view["state_reason"],
+                format!("waiting for GPUs (preempting job {bronze_id}, grace until {grace_until})"),
+                "{}: {gold_view}",
+                h.backend
+            );
+            let bronze_view = h
+                .get(&tenant.key, &format!("/v1/jobs/{bronze_id}"))
+                .await
+                .expect(200, "bronze");
+            assert_eq!(
+                bronze_view["state_reason"],
+                format!("preempting: stops at {grace_until} (for job {gold_id})"),
+                "{}: {bronze_view}",
+                h.backend
+            );
+            let listed = h.get(&tenant.key, "/v1/jobs").await.expect(200, "the tenant's jobs");
+            let reasons: Vec<&Value> = listed["jobs"]
+                .as_array()
+                .expect("jobs")
+                .iter()
+                .map(|job| &job["state_reason"])
+                .collect();
+            assert_eq!(
+                reasons,
+                vec![&gold_view["state_reason"], &bronze_view["state_reason"]],
+                "{}: the list says the same",
+                h.backend
+            );
+
+            // The bronze replica stops cleanly on SIGTERM, well within its grace.
+            let attested = agent
+                .signed("POST", "/v1/agent/attestations", Some(&agent.attestation(&victim, 0)))
+                .await
+                .expect(200, "an attestation in the grace period");
+            assert_eq!(attested["state"], "preempted", "{}: {attested}", h.backend);
+            assert!(
+                text(&attested["end_reason"]).starts_with(&format!("preempted for job {gold_id}")),
+                "{}: {attested}",
+                h.backend
+            );
+            let requeued = h.wait_for_job(&tenant.key, bronze_id, "queued").await;
+            assert_eq!(requeued["state_reason"], "preempted; queued again", "{}", h.backend);
+            let events = h
+                .running
+                .state
+                .store
+                .lease_events(micros(&victim["id"]))
+                .await
+                .expect("events");
+            let kinds: Vec<&str> = events.iter().map(|event| event.kind.as_str()).collect();
+            assert_eq!(
+                kinds,
+                vec!["staging", "running", "preempted"],
+                "{}: each change once",
+                h.backend
+            );
+
+            // The gold replica starts once the GPUs are free; its wait ends there.
+            let leases = agent.heartbeat().await;
+            let lease = leases
+                .iter()
+                .map(|item| &item["lease"])
+                .find(|lease| lease["job_id"] == gold_id)
+                .cloned()
+                .expect("the gold lease is listed");
+            agent.event(&lease, "staging").await.expect(200, "gold stages");
+            agent.event(&lease, "running").await.expect(200, "gold runs");
+            let gold_view = h
+                .get(&tenant.key, &format!("/v1/jobs/{gold_id}"))
+                .await
+                .expect(200, "gold");
+            assert_eq!(gold_view["state_reason"], "", "{}: {gold_view}", h.backend);
+            let ran_at = h
+                .running
+                .state
+                .store
+                .lease_events(micros(&lease["id"]))
+                .await
+                .expect("events")
+                .iter()
+                .find(|event| event.kind == "running")
+                .map(|event| event.at)
+                .expect("a running event");
+            let waits = h.running.state.store.run_waits_since(0, 100).await.expect("waits");
+            let gold_wait = waits
+                .iter()
+                .find(|(tier, _, _)| tier == "gold")
+                .expect("the gold job's wait");
+            assert_eq!(
+                gold_wait.2,
+                Some(ran_at),
+                "{}: the wait ends at the first run",
+                h.backend
+            );
+            assert!(
+                ran_at > micros(&lease["created_at_us"]),
+                "{}: later than the lease's grant",
+                h.backend
+            );
         },
     )
     .await;

@@ -7,12 +7,13 @@ use sqlx::any::AnyRow;
 
 use crate::accounts::is_unique_violation;
 use crate::{
-    JobRecord, JobState, LeaseRecord, LeaseState, LedgerTransactionRow, NewJob, NewLease, Result, Store, StoreError,
+    JobRecord, JobState, LeaseMove, LeaseRecord, LeaseState, LedgerTransactionRow, NewJob, NewLease, Overbooking,
+    Result, Store, StoreError, Victim,
 };
 
 const JOB_COLUMNS: &str = "id, tenant_id, client_token, spec, tier, state, state_reason, submitted_at, updated_at";
 const LEASE_COLUMNS: &str = "id, job_id, replica, node_id, gpu_mask, gpu_milli, cpu_milli, memory_mib, epoch, \
-    price_micros, state, tier, gpu_model, region, created_at, expected_end, preempt_at, ended_at, end_reason";
+    price_micros, state, tier, gpu_model, region, created_at, expected_end, preempt_at, ended_at, end_reason, preempted_by";
 
 fn job_from(row: &AnyRow) -> Result<JobRecord> {
     Ok(JobRecord {
@@ -51,6 +52,7 @@ fn lease_from(row: &AnyRow) -> Result<LeaseRecord> {
         created_at: row.try_get("created_at")?,
         ended_at: row.try_get("ended_at")?,
         end_reason: row.try_get("end_reason")?,
+        preempted_by: row.try_get("preempted_by")?,
     })
 }
 
@@ -245,9 +247,17 @@ impl Store {
     }
 
     /// Adds leases to a running job (gang repair), in one transaction.
-    pub async fn add_leases(&self, job_id: i64, leases: &[NewLease], now: i64, fence: i64) -> Result<Vec<LeaseRecord>> {
+    pub async fn add_leases(
+        &self,
+        job_id: i64,
+        leases: &[NewLease],
+        victims: &[Victim],
+        now: i64,
+        fence: i64,
+    ) -> Result<Vec<LeaseRecord>> {
         let mut transaction = self.begin_write().await?;
         check_fence(&mut transaction, fence).await?;
+        mark_victims(&mut transaction, job_id, victims).await?;
         let mut out = Vec::with_capacity(leases.len());
         for lease in leases {
             out.push(insert_lease(&mut transaction, job_id, lease, now).await?);
@@ -274,6 +284,19 @@ impl Store {
         rows.iter().map(lease_from).collect()
     }
 
+    /// The live leases that job `job_id`'s placement preempted, still in their grace period.
+    pub async fn live_victims_of(&self, job_id: i64) -> Result<Vec<LeaseRecord>> {
+        let query = format!(
+            "SELECT {LEASE_COLUMNS} FROM leases WHERE preempted_by = $1 \
+             AND state IN ('pending', 'staging', 'running') ORDER BY id"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(job_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(lease_from).collect()
+    }
+
     pub async fn leases_of_job(&self, job_id: i64) -> Result<Vec<LeaseRecord>> {
         let query = format!("SELECT {LEASE_COLUMNS} FROM leases WHERE job_id = $1 ORDER BY id");
         let rows = sqlx::query(sqlx::AssertSqlSafe(query))
@@ -295,23 +318,49 @@ impl Store {
         rows.iter().map(lease_from).collect()
     }
 
-    /// Moves a live lease to `to`, only at its current `epoch` (fencing: a report for an older
-    /// epoch changes nothing). Ending a lease stamps `ended_at`. False when the lease was not
-    /// live at that epoch.
-    pub async fn set_lease_state(&self, id: i64, epoch: i64, to: LeaseState, reason: &str, now: i64) -> Result<bool> {
+    /// Moves a live lease forward to `to`, only at its current `epoch` (fencing: a report for an
+    /// older epoch changes nothing) and never back (pending → staging → running → an end): a
+    /// report of a state the lease is already in or past changes nothing and says so. Ending a
+    /// lease stamps `ended_at`.
+    pub async fn move_lease(&self, id: i64, epoch: i64, to: LeaseState, reason: &str, now: i64) -> Result<LeaseMove> {
         let ended_at = if to.is_live() { None } else { Some(now) };
-        let done = sqlx::query(
-            "UPDATE leases SET state = $1, end_reason = $2, ended_at = $3 \
-             WHERE id = $4 AND epoch = $5 AND state IN ('pending', 'staging', 'running')",
+        let from: &[&str] = match to {
+            LeaseState::Pending => &[],
+            LeaseState::Staging => &["pending"],
+            LeaseState::Running => &["pending", "staging"],
+            _ => &["pending", "staging", "running"],
+        };
+        if !from.is_empty() {
+            let query = format!(
+                "UPDATE leases SET state = $1, end_reason = $2, ended_at = $3 \
+                 WHERE id = $4 AND epoch = $5 AND state IN ({})",
+                placeholders(6, from.len())
+            );
+            let mut update = sqlx::query(sqlx::AssertSqlSafe(query))
+                .bind(to.as_str())
+                .bind(reason)
+                .bind(ended_at)
+                .bind(id)
+                .bind(epoch);
+            for state in from {
+                update = update.bind(*state);
+            }
+            if update.execute(&self.pool).await?.rows_affected() == 1 {
+                return Ok(LeaseMove::Moved);
+            }
+        }
+        let live = sqlx::query(
+            "SELECT 1 AS live FROM leases WHERE id = $1 AND epoch = $2 AND state IN ('pending', 'staging', 'running')",
         )
-        .bind(to.as_str())
-        .bind(reason)
-        .bind(ended_at)
         .bind(id)
         .bind(epoch)
-        .execute(&self.pool)
+        .fetch_optional(&self.pool)
         .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(if live.is_some() && to.is_live() {
+            LeaseMove::Already
+        } else {
+            LeaseMove::NotLive
+        })
     }
 
     /// Ends a live lease whatever its epoch, bumping the epoch so that an agent still holding
@@ -395,6 +444,7 @@ async fn insert_lease(
         created_at: now,
         ended_at: None,
         end_reason: String::new(),
+        preempted_by: None,
     })
 }
 
@@ -405,6 +455,26 @@ pub struct PlacementWrite {
     pub job_id: i64,
     pub leases: Vec<NewLease>,
     pub hold: Option<(LedgerTransactionRow, Vec<i64>)>,
+    /// Live leases of other jobs this placement preempts: marked in the same transaction, so
+    /// a victim is marked exactly when its preemptor's leases exist.
+    pub victims: Vec<Victim>,
+}
+
+/// Marks `victims` as preempted by `by` (their grace ends at their `preempt_at`); a victim that
+/// ended meanwhile is left as it is.
+async fn mark_victims(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, by: i64, victims: &[Victim]) -> Result<()> {
+    for victim in victims {
+        sqlx::query(
+            "UPDATE leases SET preempt_at = $1, preempted_by = $2 \
+             WHERE id = $3 AND state IN ('pending', 'staging', 'running')",
+        )
+        .bind(victim.preempt_at)
+        .bind(by)
+        .bind(victim.lease_id)
+        .execute(&mut **transaction)
+        .await?;
+    }
+    Ok(())
 }
 
 /// How a job ends: its state, the state its live leases end in, and the release of its escrow.
@@ -453,6 +523,7 @@ impl Store {
                     Err(error) => return Err(error),
                 }
             }
+            mark_victims(&mut transaction, write.job_id, &write.victims).await?;
             let mut leases = Vec::with_capacity(write.leases.len());
             for lease in &write.leases {
                 leases.push(insert_lease(&mut transaction, write.job_id, lease, now).await?);
@@ -538,6 +609,65 @@ impl Store {
 }
 
 impl Store {
+    /// The GPUs that live leases book beyond their whole (a thousand thousandths each): empty
+    /// unless a bug put one GPU in two leases. The one overlap allowed is a preemption's: a
+    /// victim (`preempted_by` set) whose grace has not ended at `now` may share its GPUs with
+    /// the leases of the job that preempted it, and with nothing else.
+    pub async fn overbooked_gpus(&self, now: i64) -> Result<Vec<Overbooking>> {
+        let rows = sqlx::query(
+            "SELECT id, job_id, node_id, gpu_mask, gpu_milli, preempt_at, preempted_by FROM leases \
+             WHERE state IN ('pending', 'staging', 'running') ORDER BY node_id, id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        // Per (node, GPU): every live lease on it.
+        let mut on_gpu: std::collections::BTreeMap<(i64, u8), Vec<OnGpu>> = std::collections::BTreeMap::new();
+        for row in &rows {
+            let mask: i64 = row.try_get("gpu_mask")?;
+            let preempt_at: Option<i64> = row.try_get("preempt_at")?;
+            let preempted_by: Option<i64> = row.try_get("preempted_by")?;
+            let lease = OnGpu {
+                id: row.try_get("id")?,
+                job: row.try_get("job_id")?,
+                milli: row.try_get("gpu_milli")?,
+                in_grace_for: preempted_by.filter(|_| preempt_at.is_some_and(|at| at > now)),
+            };
+            for gpu in (0..16u8).filter(|gpu| mask & (1 << gpu) != 0) {
+                on_gpu.entry((row.try_get("node_id")?, gpu)).or_default().push(lease);
+            }
+        }
+        let mut out = Vec::new();
+        for ((node_id, gpu), leases) in on_gpu {
+            // The GPU without the victims in grace; then, per preemptor, its victims with every
+            // lease but its own and other preemptions' victims.
+            let mut preemptors: Vec<i64> = leases.iter().filter_map(|lease| lease.in_grace_for).collect();
+            preemptors.sort_unstable();
+            preemptors.dedup();
+            let views = std::iter::once(None).chain(preemptors.into_iter().map(Some));
+            for by in views {
+                let sharing: Vec<&OnGpu> = leases
+                    .iter()
+                    .filter(|lease| match (by, lease.in_grace_for) {
+                        (None, grace) => grace.is_none(),
+                        (Some(by), Some(grace)) => grace == by,
+                        (Some(by), None) => lease.job != by,
+                    })
+                    .collect();
+                let milli: i64 = sharing.iter().map(|lease| lease.milli).sum();
+                if milli > 1000 {
+                    out.push(Overbooking {
+                        node_id,
+                        gpu,
+                        leases: sharing.iter().map(|lease| lease.id).collect(),
+                        milli,
+                    });
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Every lease a node ever held, in id order.
     pub async fn leases_of_node(&self, node_id: i64) -> Result<Vec<LeaseRecord>> {
         let query = format!("SELECT {LEASE_COLUMNS} FROM leases WHERE node_id = $1 ORDER BY id");
@@ -547,6 +677,16 @@ impl Store {
             .await?;
         rows.iter().map(lease_from).collect()
     }
+}
+
+/// A live lease on one GPU, for `Store::overbooked_gpus`.
+#[derive(Clone, Copy)]
+struct OnGpu {
+    id: i64,
+    job: i64,
+    milli: i64,
+    /// The job that preempted it, while its grace runs.
+    in_grace_for: Option<i64>,
 }
 
 /// Fails unless `fence` is the current leadership epoch; holds the row until the transaction

@@ -432,11 +432,13 @@ impl Store {
     }
 
     /// Jobs submitted at or after `since`, oldest first, at most `limit`: (tier, submitted at,
-    /// when its first lease was granted, if one was).
-    pub async fn placement_waits_since(&self, since: i64, limit: i64) -> Result<Vec<(String, i64, Option<i64>)>> {
+    /// when a replica of it first ran, if one did). A wait ends at the first run, not at the
+    /// first lease: a lease granted by preemption waits out its victim's grace period.
+    pub async fn run_waits_since(&self, since: i64, limit: i64) -> Result<Vec<(String, i64, Option<i64>)>> {
         let rows = sqlx::query(
-            "SELECT j.tier, j.submitted_at, MIN(l.created_at) AS placed_at FROM jobs j \
-             LEFT JOIN leases l ON l.job_id = j.id WHERE j.submitted_at >= $1 \
+            "SELECT j.tier, j.submitted_at, MIN(e.at) AS placed_at FROM jobs j \
+             LEFT JOIN leases l ON l.job_id = j.id \
+             LEFT JOIN lease_events e ON e.lease_id = l.id AND e.kind = 'running' WHERE j.submitted_at >= $1 \
              GROUP BY j.id, j.tier, j.submitted_at ORDER BY j.id LIMIT $2",
         )
         .bind(since)

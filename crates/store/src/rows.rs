@@ -201,6 +201,38 @@ pub struct LeaseRecord {
     pub created_at: i64,
     pub ended_at: Option<i64>,
     pub end_reason: String,
+    /// The job whose placement (or gang repair) preempted this lease: set, with `preempt_at`,
+    /// in the transaction that placed that job. The matcher no longer counts such a lease.
+    pub preempted_by: Option<i64>,
+}
+
+/// A live lease a placement preempts: it stops at `preempt_at` (its grace period's end).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Victim {
+    pub lease_id: i64,
+    pub preempt_at: i64,
+}
+
+/// What a report of a lease's state did (`Store::move_lease`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseMove {
+    /// The lease moved to the state reported.
+    Moved,
+    /// The lease is live at that epoch and already there or past it (a repeated report, or a
+    /// replica started again after a fence): nothing changed.
+    Already,
+    /// The lease is not live at that epoch.
+    NotLive,
+}
+
+/// A GPU booked beyond its whole by live leases (`Store::overbooked_gpus`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Overbooking {
+    pub node_id: i64,
+    pub gpu: u8,
+    /// The leases that together pass the GPU's thousand thousandths, and what they hold.
+    pub leases: Vec<i64>,
+    pub milli: i64,
 }
 
 /// A piece of a replica's output, at a byte offset of its log.

@@ -6,8 +6,8 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use store::{
-    ApiKeyRecord, FraudRow, Heartbeat, JobState, LeaseState, LedgerOutcome, LedgerTransactionRow, NewCanary, NewJob,
-    NewLease, NewNode, Role, Store, StoreError, UsageRow,
+    ApiKeyRecord, FraudRow, Heartbeat, JobRecord, JobState, LeaseMove, LeaseState, LedgerOutcome, LedgerTransactionRow,
+    NewCanary, NewJob, NewLease, NewNode, Overbooking, Role, Store, StoreError, UsageRow, Victim,
 };
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -93,11 +93,12 @@ fn node(provider_id: i64, name: &str) -> NewNode {
     }
 }
 
+/// Replica `replica`'s lease: two whole GPUs of the node, its own (replica 0 holds GPUs 0 and 1).
 fn lease(node_id: i64, replica: i64) -> NewLease {
     NewLease {
         replica,
         node_id,
-        gpu_mask: 0b11,
+        gpu_mask: 0b11 << (2 * replica),
         gpu_milli: 1000,
         cpu_milli: 8000,
         memory_mib: 65536,
@@ -385,23 +386,31 @@ async fn jobs_leases_and_fencing() {
         assert_eq!(store.live_leases_of_node(host.id).await.unwrap().len(), 2);
         assert_eq!(store.live_lease_totals().await.unwrap(), (2, 4000));
         let first = leases[0].id;
-        assert!(
-            store
-                .set_lease_state(first, 1, LeaseState::Running, "", 60)
-                .await
-                .unwrap()
+        assert_eq!(
+            store.move_lease(first, 1, LeaseState::Running, "", 60).await.unwrap(),
+            LeaseMove::Moved
         );
+        assert_eq!(
+            store.move_lease(first, 1, LeaseState::Staging, "", 61).await.unwrap(),
+            LeaseMove::Already,
+            "{backend}: a lease never moves back (a replica started again after a fence)"
+        );
+        assert_eq!(
+            store.move_lease(first, 1, LeaseState::Running, "", 62).await.unwrap(),
+            LeaseMove::Already,
+            "{backend}: a repeated report changes nothing"
+        );
+        assert_eq!(store.lease(first).await.unwrap().unwrap().state, LeaseState::Running);
+        assert_eq!(store.overbooked_gpus(63).await.unwrap(), Vec::new(), "{backend}");
         let lost = store
             .end_lease(first, LeaseState::Lost, "node silent", 70)
             .await
             .unwrap()
             .unwrap();
         assert_eq!(lost.epoch, 2, "{backend}: losing a lease bumps its epoch");
-        assert!(
-            !store
-                .set_lease_state(first, 1, LeaseState::Finished, "", 80)
-                .await
-                .unwrap(),
+        assert_eq!(
+            store.move_lease(first, 1, LeaseState::Finished, "", 80).await.unwrap(),
+            LeaseMove::NotLive,
             "{backend}: an old epoch is fenced off"
         );
         assert_eq!(store.end_lease(first, LeaseState::Lost, "", 90).await.unwrap(), None);
@@ -857,6 +866,119 @@ async fn leadership() {
     .await;
 }
 
+/// The check that no GPU is in two live leases: a preemption's victim shares its GPUs with its
+/// preemptor's leases during its grace period, and with nothing else; GPU shares add up.
+#[tokio::test]
+async fn a_gpu_is_booked_once_but_for_a_preemption_in_its_grace() {
+    on_every_backend(|backend, store| async move {
+        let tenant = store.create_account(Role::Tenant, "t", 1).await.unwrap();
+        let provider = store.create_account(Role::Provider, "p", 1).await.unwrap();
+        let host = store.insert_node(&node(provider.id, "n1"), 1).await.unwrap();
+        let jobs = store
+            .insert_jobs(&[job(tenant.id, None), job(tenant.id, None), job(tenant.id, None)])
+            .await
+            .unwrap();
+        let fence = store.take_leadership().await.unwrap();
+        let on = |gpu_mask: i64, gpu_milli: i64| NewLease {
+            gpu_mask,
+            gpu_milli,
+            ..lease(host.id, 0)
+        };
+        let place = |job_id: i64, lease: NewLease, victims: Vec<Victim>| store::PlacementWrite {
+            job_id,
+            leases: vec![lease],
+            hold: None,
+            victims,
+        };
+        let placed = store
+            .commit_placements(&[place(jobs[0].id, on(0b11, 1000), Vec::new())], 10, fence)
+            .await
+            .unwrap();
+        let victim = placed[0].as_ref().expect("placed")[0].id;
+        // The preemptor takes GPU 0 and marks the victim in the same transaction.
+        let grace_end = 1_000;
+        let placed = store
+            .commit_placements(
+                &[place(
+                    jobs[1].id,
+                    on(0b1, 1000),
+                    vec![Victim {
+                        lease_id: victim,
+                        preempt_at: grace_end,
+                    }],
+                )],
+                20,
+                fence,
+            )
+            .await
+            .unwrap();
+        let preemptor = placed[0].as_ref().expect("placed")[0].id;
+        let marked = store.lease(victim).await.unwrap().unwrap();
+        assert_eq!(
+            (marked.preempted_by, marked.lease.preempt_at),
+            (Some(jobs[1].id), Some(grace_end)),
+            "{backend}"
+        );
+        assert_eq!(
+            store.overbooked_gpus(500).await.unwrap(),
+            Vec::new(),
+            "{backend}: victim and preemptor share GPU 0 in the grace period"
+        );
+        let late = store.overbooked_gpus(grace_end).await.unwrap();
+        assert_eq!(
+            late,
+            vec![Overbooking {
+                node_id: host.id,
+                gpu: 0,
+                leases: vec![victim, preemptor],
+                milli: 2000,
+            }],
+            "{backend}: a victim still live after its grace is a double booking"
+        );
+        // A third job on GPU 1, the victim's other GPU, is a double booking at once: the
+        // victim shares its GPUs with its preemptor alone.
+        let placed = store
+            .commit_placements(&[place(jobs[2].id, on(0b10, 1000), Vec::new())], 30, fence)
+            .await
+            .unwrap();
+        let third = placed[0].as_ref().expect("placed")[0].id;
+        assert_eq!(
+            store.overbooked_gpus(500).await.unwrap(),
+            vec![Overbooking {
+                node_id: host.id,
+                gpu: 1,
+                leases: vec![victim, third],
+                milli: 2000,
+            }],
+            "{backend}"
+        );
+        store.end_lease(victim, LeaseState::Preempted, "", 40).await.unwrap();
+        assert_eq!(store.overbooked_gpus(2_000).await.unwrap(), Vec::new(), "{backend}");
+        // Shares of one GPU add up: 400 + 600 fit, one more 100 does not.
+        let shares = store
+            .insert_jobs(&[job(tenant.id, None), job(tenant.id, None), job(tenant.id, None)])
+            .await
+            .unwrap();
+        let share = |job: &JobRecord, milli| place(job.id, on(0b1000, milli), Vec::new());
+        store
+            .commit_placements(&[share(&shares[0], 400), share(&shares[1], 600)], 50, fence)
+            .await
+            .unwrap();
+        assert_eq!(store.overbooked_gpus(60).await.unwrap(), Vec::new(), "{backend}");
+        store
+            .commit_placements(&[share(&shares[2], 100)], 70, fence)
+            .await
+            .unwrap();
+        let over = store.overbooked_gpus(80).await.unwrap();
+        assert_eq!(
+            over.iter().map(|over| (over.gpu, over.milli)).collect::<Vec<_>>(),
+            vec![(3, 1100)],
+            "{backend}"
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_deposed_leader_cannot_place() {
     on_every_backend(|backend, store| async move {
@@ -872,6 +994,7 @@ async fn a_deposed_leader_cannot_place() {
             job_id,
             leases: vec![lease(host.id, 0)],
             hold: None,
+            victims: Vec::new(),
         };
         let placed = store.commit_placements(&[write(jobs[0].id)], 10, old).await.unwrap();
         assert!(placed[0].is_some(), "{backend}: the leader places");
@@ -890,7 +1013,7 @@ async fn a_deposed_leader_cannot_place() {
             "nothing written"
         );
         assert!(matches!(
-            store.add_leases(jobs[0].id, &[lease(host.id, 1)], 12, old).await,
+            store.add_leases(jobs[0].id, &[lease(host.id, 1)], &[], 12, old).await,
             Err(StoreError::Fenced(_))
         ));
         assert!(store.commit_placements(&[write(jobs[1].id)], 13, new).await.unwrap()[0].is_some());

@@ -39,6 +39,42 @@ fn docker_error(what: &str, error: bollard::errors::Error) -> ExecError {
     ExecError::Other(format!("{what}: {error}"))
 }
 
+/// Why a pull failed, as the Engine said it: its message without bollard's wrapping (an HTTP
+/// error's status line, a stream error's prefix), never empty.
+fn pull_error_text(error: bollard::errors::Error) -> String {
+    use bollard::errors::Error;
+    let text = match error {
+        Error::DockerResponseServerError { status_code, message } => {
+            if message.trim().is_empty() {
+                format!("the Docker Engine answered {status_code} and gave no reason")
+            } else {
+                message
+            }
+        }
+        Error::DockerStreamError { error } => error,
+        other => other.to_string(),
+    };
+    let text = text.trim();
+    if text.is_empty() {
+        "the Docker Engine gave no reason".to_string()
+    } else {
+        text.to_string()
+    }
+}
+
+/// A chain of errors as Go writes them (`outer: inner: root`) with the root first and the rest
+/// after it in brackets, so that a detail cut short still says what went wrong:
+/// `Get "https://r.example/v2/": dial tcp: lookup r.example: no such host` becomes
+/// `no such host (Get "https://r.example/v2/": dial tcp: lookup r.example)`.
+fn cause_first(chain: &str) -> String {
+    match chain.trim().rsplit_once(": ") {
+        Some((context, root)) if !root.trim().is_empty() && !context.trim().is_empty() => {
+            format!("{} ({})", root.trim(), context.trim())
+        }
+        _ => chain.trim().to_string(),
+    }
+}
+
 impl DockerExecutor {
     /// Connects to the local Docker Engine (`DOCKER_HOST` or its socket).
     pub async fn connect(real_gpus: bool) -> Result<DockerExecutor, ExecError> {
@@ -58,14 +94,21 @@ impl DockerExecutor {
     }
 
     /// Pulls `image` (a name with a tag or digest; `latest` when it has neither), waiting for the
-    /// pull to end.
-    async fn pull(&self, image: &str) -> Result<(), bollard::errors::Error> {
+    /// pull to end. The error is why, in the Engine's words (what `docker pull` prints).
+    async fn pull(&self, image: &str) -> Result<(), String> {
         let options = bollard::query_parameters::CreateImageOptionsBuilder::default()
             .from_image(image)
             .build();
         let mut progress = self.docker.create_image(Some(options), None, None);
         while let Some(step) = progress.next().await {
-            step?;
+            match step {
+                // An error item without a message (bollard passes those on as progress).
+                Ok(info) if info.error_detail.is_some() => {
+                    return Err("the Docker Engine ended the pull with an error and no message".into());
+                }
+                Ok(_) => {}
+                Err(error) => return Err(pull_error_text(error)),
+            }
         }
         Ok(())
     }
@@ -139,16 +182,20 @@ impl Executor for DockerExecutor {
             Ok(image) => image,
             Err(_) => {
                 // Not here yet: pull it (from the registry its name says), then look again.
-                self.pull(&spec.image).await.map_err(|error| {
-                    ExecError::Start(format!(
-                        "image {:?} is not on this node and could not be pulled: {error}",
-                        spec.image
+                self.pull(&spec.image).await.map_err(|cause| {
+                    ExecError::Image(format!(
+                        "image '{}' is not on this node and could not be pulled: {}",
+                        spec.image,
+                        cause_first(&cause)
                     ))
                 })?;
-                self.docker
-                    .inspect_image(&spec.image)
-                    .await
-                    .map_err(|error| ExecError::Start(format!("image {:?} is not on this node: {error}", spec.image)))?
+                self.docker.inspect_image(&spec.image).await.map_err(|error| {
+                    ExecError::Image(format!(
+                        "image '{}' is not on this node after its pull: {}",
+                        spec.image,
+                        cause_first(&pull_error_text(error))
+                    ))
+                })?
             }
         };
         let image_digest = image
@@ -272,5 +319,39 @@ impl Executor for DockerExecutor {
         self.remove(&format!("fallow-lease-{}-{}", spec.lease_id, spec.epoch))
             .await;
         let _ = tokio::fs::remove_dir_all(&spec.scratch_dir).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pull_error_says_its_root_cause_first() {
+        for (chain, expect) in [
+            (
+                "Get \"https://nosuch.example/v2/\": dial tcp: lookup nosuch.example on 10.0.0.53:53: no such host",
+                "no such host (Get \"https://nosuch.example/v2/\": dial tcp: lookup nosuch.example on 10.0.0.53:53)",
+            ),
+            ("manifest unknown", "manifest unknown"),
+            ("  trailing: ", "trailing:"),
+        ] {
+            assert_eq!(cause_first(chain), expect, "{chain}");
+        }
+        let empty = bollard::errors::Error::DockerResponseServerError {
+            status_code: 500,
+            message: String::new(),
+        };
+        assert_eq!(
+            pull_error_text(empty),
+            "the Docker Engine answered 500 and gave no reason"
+        );
+        let streamed = bollard::errors::Error::DockerStreamError {
+            error: "denied: requested access to the resource is denied".into(),
+        };
+        assert_eq!(
+            pull_error_text(streamed),
+            "denied: requested access to the resource is denied"
+        );
     }
 }

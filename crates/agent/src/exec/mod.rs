@@ -55,6 +55,10 @@ pub struct Exit {
 pub enum ExecError {
     #[error("could not start the replica: {0}")]
     Start(String),
+    /// The image is not on the node and could not be pulled; the message names the image and
+    /// starts with why, unprefixed, since the lease's failure detail keeps only its start.
+    #[error("{0}")]
+    Image(String),
     #[error("executor: {0}")]
     Other(String),
 }

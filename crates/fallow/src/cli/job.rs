@@ -21,6 +21,8 @@ const SPINNER_EVERY: Duration = Duration::from_millis(100);
 const LOG_PAGE: i64 = api::PAGE_SIZE_MAX;
 /// The largest job file read.
 const JOB_FILE_BYTES_MAX: u64 = api::REQUEST_BODY_BYTES_MAX as u64;
+/// The longest lease end reason shown in the lease table; longer ones follow it in full.
+const END_REASON_CELL_CHARS_MAX: usize = 50;
 
 #[derive(Args)]
 pub struct JobArgs {
@@ -102,7 +104,7 @@ struct SpecArgs {
     #[arg(long)]
     name: Option<String>,
     /// Whole GPUs per replica (1–16, of one node).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=16))]
+    #[arg(long, value_name = "N", value_parser = parse_gpus)]
     gpus: Option<u8>,
     /// A share of one GPU in thousandths (1–999; 250 = a quarter).
     #[arg(long, value_name = "MILLI", value_parser = clap::value_parser!(u16).range(1..=999))]
@@ -422,7 +424,20 @@ fn print_job(answer: &Value, job: &JobView) {
         ("ENDED", Align::Left),
         ("END REASON", Align::Left),
     ]);
+    // Reasons too long for a cell, in full under the table: the cause of a failure is often
+    // at the end (an image's pull, a program's path).
+    let mut reasons = Vec::new();
     for lease in &job.leases {
+        let reason = if fits_a_cell(&lease.end_reason, END_REASON_CELL_CHARS_MAX) {
+            lease.end_reason.clone()
+        } else {
+            reasons.push(format!(
+                "lease {}: {}",
+                lease.id,
+                lease.end_reason.replace('\n', "\n  ")
+            ));
+            "(below)".to_string()
+        };
         let indices: Vec<String> = lease.gpu_indices.iter().map(u8::to_string).collect();
         let share = if lease.gpu_milli < 1000 {
             format!(" ×{}‰", lease.gpu_milli)
@@ -440,10 +455,38 @@ fn print_job(answer: &Value, job: &JobView) {
             lease.region.clone(),
             utc(lease.created_at_us),
             utc_or_dash(lease.ended_at_us),
-            shorten(&lease.end_reason, 50),
+            reason,
         ]);
     }
     table.print();
+    if !reasons.is_empty() {
+        println!();
+        for reason in reasons {
+            println!("{reason}");
+        }
+    }
+}
+
+fn fits_a_cell(text: &str, chars_max: usize) -> bool {
+    !text.contains('\n') && text.chars().count() <= chars_max
+}
+
+/// What `fallow job logs` says on stderr when a job has no output: why, from the job's state
+/// and the states of its leases (of one replica when asked for one).
+fn no_output_yet(job_state: &str, state_reason: &str, lease_states: &[&str]) -> String {
+    let any = |state: &str| lease_states.contains(&state);
+    match job_state {
+        "finished" | "failed" | "cancelled" if state_reason.is_empty() => {
+            format!("no output: the job {job_state} without writing any")
+        }
+        "finished" | "failed" | "cancelled" => {
+            format!("no output: the job {job_state} without writing any ({state_reason})")
+        }
+        _ if any("running") => "no output yet: the job runs and has written nothing so far".to_string(),
+        _ if any("staging") => "no output yet: staging (the image and datasets)".to_string(),
+        _ if any("pending") => "no output yet: waiting for the node's agent to start it".to_string(),
+        _ => "no output yet: the job is queued".to_string(),
+    }
 }
 
 fn logs(client: &Client, args: &LogsArgs) -> anyhow::Result<()> {
@@ -451,6 +494,8 @@ fn logs(client: &Client, args: &LogsArgs) -> anyhow::Result<()> {
     let mut after = 0i64;
     let mut collected = Vec::new();
     let mut ending = false;
+    // Whether any output was printed, or why there is none was said.
+    let mut said_something = false;
     let mut stdout = std::io::stdout();
     loop {
         let answer = client.get(&path, &[("after", after.to_string()), ("limit", LOG_PAGE.to_string())])?;
@@ -468,7 +513,10 @@ fn logs(client: &Client, args: &LogsArgs) -> anyhow::Result<()> {
             match (client.json, args.follow) {
                 (true, true) => writeln!(stdout, "{raw}")?,
                 (true, false) => collected.push(raw.clone()),
-                (false, _) => write!(stdout, "{}", chunk.text)?,
+                (false, _) => {
+                    write!(stdout, "{}", chunk.text)?;
+                    said_something |= !chunk.text.is_empty();
+                }
             }
         }
         stdout.flush()?;
@@ -480,6 +528,10 @@ fn logs(client: &Client, args: &LogsArgs) -> anyhow::Result<()> {
         }
         // A job's last output may land just before it ends: read once more after the end.
         let job: JobView = parse(&client.get(&format!("/v1/jobs/{}", args.id), &[])?, "job")?;
+        if !said_something && !client.json {
+            eprintln!("{}", no_output_of(&job, args.replica));
+            said_something = true;
+        }
         if is_final(&job.state) {
             ending = true;
             if std::io::IsTerminal::is_terminal(&std::io::stderr()) && !client.json {
@@ -492,7 +544,29 @@ fn logs(client: &Client, args: &LogsArgs) -> anyhow::Result<()> {
     if client.json && !args.follow {
         output::print_json(&json!({"job_id": args.id, "chunks": collected, "next_after": after}));
     }
+    if !said_something && !client.json && !args.follow {
+        let job: JobView = parse(&client.get(&format!("/v1/jobs/{}", args.id), &[])?, "job")?;
+        eprintln!("{}", no_output_of(&job, args.replica));
+    }
     Ok(())
+}
+
+/// `no_output_yet` for `job` (and only `replica`'s leases when one is asked for), with the
+/// last lease's end reason when it gave one (it says more than the job's: why a replica failed).
+fn no_output_of(job: &JobView, replica: Option<i64>) -> String {
+    let leases: Vec<&api::LeaseView> = job
+        .leases
+        .iter()
+        .filter(|lease| replica.is_none_or(|replica| lease.replica == replica))
+        .collect();
+    let lease_states: Vec<&str> = leases.iter().map(|lease| lease.state.as_str()).collect();
+    let reason = leases
+        .iter()
+        .rev()
+        .map(|lease| lease.end_reason.as_str())
+        .find(|reason| !reason.is_empty())
+        .unwrap_or(&job.state_reason);
+    no_output_yet(&job.state, reason, &lease_states)
 }
 
 fn cancel(client: &Client, id: i64) -> anyhow::Result<()> {
@@ -765,6 +839,22 @@ fn parse_compute_units(text: &str) -> Result<String, String> {
     }
 }
 
+/// Whole GPUs per replica: one node holds at most 16, so a larger count points to replicas.
+fn parse_gpus(text: &str) -> Result<u8, String> {
+    match text.trim().parse::<u64>() {
+        Ok(gpus @ 1..=16) => Ok(gpus as u8),
+        Ok(0) => Err("0 is not in 1..=16 (leave --gpus out for a CPU-only job)".into()),
+        Ok(gpus) => {
+            let per = (1..=8u64).rev().find(|per| gpus % per == 0).unwrap_or(8);
+            Err(format!(
+                "{gpus} is more than one node holds (1..=16); ask for more replicas instead (--replicas {} --gpus {per})",
+                gpus.div_ceil(per)
+            ))
+        }
+        Err(_) => Err(format!("{text:?} is not a whole number of GPUs (1..=16)")),
+    }
+}
+
 fn parse_fraction(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(value) if (0.0..=1.0).contains(&value) => Ok(value),
@@ -847,6 +937,8 @@ mod tests {
     fn bad_flags_say_what_is_wrong() {
         for (line, says) in [
             ("--gpus 0", "0 is not in 1..=16"),
+            ("--gpus 64", "ask for more replicas instead (--replicas 8 --gpus 8)"),
+            ("--gpus 12x", "not a whole number of GPUs"),
             ("--gpus 1 --gpu-share 100", "cannot be used with"),
             ("--cu lots", "compute units"),
             ("--max-price cheap", "not a price"),
@@ -859,6 +951,47 @@ mod tests {
         ] {
             let error = body(line, &[]).unwrap_err();
             assert!(error.contains(says), "{line}: {error}");
+        }
+    }
+
+    #[test]
+    fn no_output_says_why_from_the_job_and_its_leases() {
+        for (job, reason, leases, says) in [
+            ("queued", "", &[][..], "no output yet: the job is queued"),
+            (
+                "running",
+                "",
+                &["staging"][..],
+                "no output yet: staging (the image and datasets)",
+            ),
+            (
+                "running",
+                "",
+                &["preempted", "pending"][..],
+                "no output yet: waiting for the node's agent to start it",
+            ),
+            (
+                "running",
+                "",
+                &["staging", "running"][..],
+                "no output yet: the job runs and has written nothing so far",
+            ),
+            // Between a preemption and its next placement.
+            ("running", "", &["preempted"][..], "no output yet: the job is queued"),
+            (
+                "failed",
+                "image 'x' could not be pulled",
+                &["failed"][..],
+                "no output: the job failed without writing any (image 'x' could not be pulled)",
+            ),
+            (
+                "finished",
+                "",
+                &["finished"][..],
+                "no output: the job finished without writing any",
+            ),
+        ] {
+            assert_eq!(no_output_yet(job, reason, leases), says);
         }
     }
 

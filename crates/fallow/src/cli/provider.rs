@@ -2,13 +2,17 @@
 //! the trust policy (docs/trust-policy.md: badge, bond, reputation with its inputs, canaries),
 //! bonds posted from earnings, and the fraud decisions against it.
 
-use api::{CanaryView, EarningsView, FraudView, TrustView};
+use api::{CanaryView, EarningsView, FraudView, StatementView, TrustView};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use trust::rules::{CANARY_SLOW_PERMILLE, Outcome};
 
 use super::output::{self, Align, Table, dollars, utc, utc_or_dash};
 use super::{Client, Connection, parse};
+
+/// The most entries `GET /v1/statement` holds (the newest): a statement this long may leave
+/// charges out, and the platform fee is not worked out from it.
+const STATEMENT_LINES_MAX: usize = 1000;
 
 #[derive(Args)]
 pub struct ProviderArgs {
@@ -20,7 +24,8 @@ pub struct ProviderArgs {
 
 #[derive(Subcommand)]
 enum ProviderCommand {
-    /// Earnings per node: money, GPU-hours sold, fill rate and reliability.
+    /// Earnings per node: gross (billed to tenants), GPU-hours sold, fill rate and reliability;
+    /// then the platform fee, net and the earnings balance.
     Earnings,
     /// Your standing under the trust policy (docs/trust-policy.md): badge and what the next one
     /// needs, bond, reputation with its inputs, each node's trust and last canary, and fraud
@@ -67,7 +72,7 @@ fn earnings(client: &Client) -> anyhow::Result<()> {
         let mut table = Table::new(&[
             ("NODE", Align::Right),
             ("NAME", Align::Left),
-            ("EARNED", Align::Right),
+            ("GROSS", Align::Right),
             ("GPU-HOURS", Align::Right),
             ("FILL", Align::Right),
             ("RELIABILITY", Align::Right),
@@ -85,11 +90,71 @@ fn earnings(client: &Client) -> anyhow::Result<()> {
         table.print();
         println!();
     }
-    output::print_fields(&[
-        ("provider", earnings.provider_id.to_string()),
-        ("earnings balance", dollars(earnings.earnings_micros)),
-    ]);
+    let gross_micros: i64 = earnings.nodes.iter().map(|node| node.earned_micros).sum();
+    // What the usage charges credited, net of the fee, from the statement (when it holds them all).
+    let usage_net_micros = if gross_micros > 0 {
+        let statement: StatementView = parse(&client.get("/v1/statement", &[])?, "statement")?;
+        (statement.lines.len() < STATEMENT_LINES_MAX).then(|| {
+            statement
+                .lines
+                .iter()
+                .filter(|line| line.kind == "usage")
+                .map(|line| line.amount_micros)
+                .sum::<i64>()
+        })
+    } else {
+        None
+    };
+    output::print_fields(&earnings_fields(
+        earnings.provider_id,
+        gross_micros,
+        usage_net_micros,
+        earnings.earnings_micros,
+    ));
     Ok(())
+}
+
+/// The lines under the earnings table: gross, the platform fee and net (worked out from what
+/// the usage charges credited, `usage_net_micros`, when that is known), and the balance.
+fn earnings_fields(
+    provider_id: i64,
+    gross_micros: i64,
+    usage_net_micros: Option<i64>,
+    balance_micros: i64,
+) -> Vec<(&'static str, String)> {
+    let mut pairs = vec![
+        ("provider", provider_id.to_string()),
+        (
+            "gross",
+            format!("{} (billed to tenants for your nodes' GPU time)", dollars(gross_micros)),
+        ),
+    ];
+    match usage_net_micros {
+        Some(net_micros) if gross_micros > 0 && (0..=gross_micros).contains(&net_micros) => {
+            let fee_micros = gross_micros - net_micros;
+            let fee_permille =
+                (i128::from(fee_micros) * 1000 + i128::from(gross_micros) / 2) / i128::from(gross_micros);
+            pairs.push((
+                "platform fee",
+                format!(
+                    "{} ({}.{} % of gross)",
+                    dollars(fee_micros),
+                    fee_permille / 10,
+                    fee_permille % 10
+                ),
+            ));
+            pairs.push(("net", format!("{} (gross less the platform fee)", dollars(net_micros))));
+        }
+        _ => pairs.push((
+            "platform fee",
+            "kept from each charge: net = gross less the fee".to_string(),
+        )),
+    }
+    pairs.push((
+        "earnings balance",
+        format!("{} (net, less bonds posted from it)", dollars(balance_micros)),
+    ));
+    pairs
 }
 
 fn standing(client: &Client, provider_id: Option<i64>) -> anyhow::Result<()> {
@@ -383,6 +448,23 @@ mod tests {
     use super::*;
 
     const NOW_US: i64 = 1_764_424_987_000_000;
+
+    #[test]
+    fn earnings_say_the_difference_between_gross_and_net_is_the_platform_fee() {
+        assert_eq!(
+            output::fields(&earnings_fields(7, 10_000_000, Some(9_000_001), 4_000_001)),
+            "provider:         7\n\
+             gross:            $10.00 (billed to tenants for your nodes' GPU time)\n\
+             platform fee:     $0.999999 (10.0 % of gross)\n\
+             net:              $9.000001 (gross less the platform fee)\n\
+             earnings balance: $4.000001 (net, less bonds posted from it)\n"
+        );
+        let unknown = output::fields(&earnings_fields(7, 10_000_000, None, 9_000_000));
+        assert!(
+            unknown.contains("platform fee:     kept from each charge: net = gross less the fee"),
+            "{unknown}"
+        );
+    }
 
     fn reputation(score: f64, lower_bound: f64, evidence: f64) -> ReputationView {
         ReputationView {

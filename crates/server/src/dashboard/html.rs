@@ -57,17 +57,7 @@ pub fn percent(share: f64) -> String {
 
 const DAY_US: i64 = 86_400_000_000;
 
-/// Microseconds since 1970 as `2026-12-01 13:45:07 UTC`.
-pub fn utc(at_us: i64) -> String {
-    let (year, month, day) = civil_from_days(at_us.div_euclid(DAY_US));
-    let seconds = at_us.rem_euclid(DAY_US) / 1_000_000;
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
-        seconds / 3600,
-        seconds / 60 % 60,
-        seconds % 60
-    )
-}
+pub use model::time::utc;
 
 /// The time of day, `13:45` (or `12-01 13:45` when `with_date`), for chart axes.
 pub fn clock(at_us: i64, with_date: bool) -> String {

@@ -88,7 +88,8 @@ fn price_series(points: &[PricePoint], bucket_us: i64) -> Vec<Series> {
 }
 
 /// One tier's queue: jobs waiting now, and of those submitted in the window how many were
-/// placed and how long they waited for their first lease.
+/// started and how long they waited for their first run (a lease that waits out a victim's
+/// grace period is not yet a start).
 struct TierQueue {
     tier: String,
     queued_now: i64,
@@ -109,11 +110,11 @@ fn queues(queued: &[(String, i64)], jobs: &[(String, i64, Option<i64>)]) -> Vec<
     for (tier, count) in queued {
         entry(&mut tiers, tier).queued_now += count;
     }
-    for (tier, submitted_at, placed_at) in jobs {
+    for (tier, submitted_at, started_at) in jobs {
         let queue = entry(&mut tiers, tier);
         queue.submitted += 1;
-        if let Some(placed_at) = placed_at {
-            queue.waits_us.push((placed_at - submitted_at).max(0));
+        if let Some(started_at) = started_at {
+            queue.waits_us.push((started_at - submitted_at).max(0));
         }
     }
     let mut out: Vec<TierQueue> = tiers.into_values().collect();
@@ -166,14 +167,14 @@ pub async fn page(
     let nodes = state.store.nodes().await?;
     let points = state.store.price_points(from, PRICE_POINTS_MAX).await?;
     let queued = state.store.queued_per_tier().await?;
-    let jobs = state.store.placement_waits_since(from, JOBS_READ_MAX).await?;
+    let jobs = state.store.run_waits_since(from, JOBS_READ_MAX).await?;
 
     let simulated = simulated_gpus(&nodes);
     let gpus_online: u64 = index.utilisation.iter().map(|row| row.gpus_online).sum();
     let gpus_simulated: u64 = simulated.values().map(|(_, simulated)| simulated).sum();
     let milli_used: u64 = index.utilisation.iter().map(|row| row.gpu_milli_used).sum();
     let submitted = jobs.len();
-    let placed = jobs.iter().filter(|(_, _, placed)| placed.is_some()).count();
+    let started = jobs.iter().filter(|(_, _, started)| started.is_some()).count();
     let queued_now: i64 = queued.iter().map(|(_, count)| count).sum();
 
     let mut body = String::from("<h1>Market</h1>");
@@ -195,11 +196,11 @@ pub async fn page(
         }),
     ));
     body.push_str(&stat(
-        "fill rate (jobs placed / submitted)",
+        "fill rate (jobs started / submitted)",
         &if submitted == 0 {
             "–".to_string()
         } else {
-            percent(placed as f64 / submitted as f64)
+            percent(started as f64 / submitted as f64)
         },
     ));
     body.push_str(&stat("jobs queued now", &queued_now.to_string()));
@@ -316,7 +317,7 @@ pub async fn page(
             "tier",
             "queued now",
             "submitted",
-            "placed",
+            "started",
             "fill rate",
             "p50 wait",
             "p95 wait",
@@ -325,7 +326,7 @@ pub async fn page(
         "No jobs in this window.",
     ));
     body.push_str(
-        "<p class=\"note\">Waits run from a job's submission to its first lease, for jobs submitted in this window.</p>",
+        "<p class=\"note\">Waits run from a job's submission to the first run of a replica, for jobs submitted in this window.</p>",
     );
     Ok(render("Market", session.as_ref(), &body, query.refresh_s))
 }

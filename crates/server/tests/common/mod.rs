@@ -31,11 +31,10 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// The coordinator's clock in milliseconds (the system's, unless a test moves it forward with
+/// `server::advance_clock_for_tests`): what agents sign their requests with.
 pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_millis() as i64
+    server::now_us() / 1000
 }
 
 /// A fresh database: its URL, and for PostgreSQL what to drop afterwards.
@@ -111,6 +110,8 @@ pub async fn on_every_backend_with(configure: impl Fn(&mut server::Config), test
             // Fresh providers have no badge (a month of history): gold work would never place.
             // The trust tests ask for badges (`tests/trust.rs`).
             gold_needs_badge: false,
+            // A view that disagrees with the store fails the pass, loudly.
+            strict_view: true,
             ..Default::default()
         };
         configure(&mut config);
@@ -129,6 +130,7 @@ pub async fn on_every_backend_with(configure: impl Fn(&mut server::Config), test
             running,
         };
         test(&harness).await;
+        harness.check_bookings().await;
         harness.running.stop().await;
         let _ = std::fs::remove_dir_all(&data_dir);
         if let Some((url, name)) = &database.postgres {
@@ -297,7 +299,32 @@ fn method(name: &str) -> reqwest::Method {
     reqwest::Method::from_bytes(name.as_bytes()).expect("a valid method name")
 }
 
+/// A victim whose grace ended this recently may still be live: the leader ends it at its next
+/// pass (every `reconcile_interval_ms`, slower on a busy machine).
+pub const GRACE_ENDING_SLACK_US: i64 = 5_000_000;
+
 impl Harness {
+    /// What holds after every step: no GPU is in two live leases, but a preemption's victim
+    /// beside its preemptor's leases in its grace period (the store's check), and the leader's
+    /// view never failed to hold a stored live lease.
+    pub async fn check_bookings(&self) {
+        let now = server::now_us() - GRACE_ENDING_SLACK_US;
+        let over = self
+            .running
+            .state
+            .store
+            .overbooked_gpus(now)
+            .await
+            .expect("the store answers");
+        assert!(over.is_empty(), "{}: GPUs booked twice: {over:?}", self.backend);
+        let conflicts = self.running.state.metrics.view_conflicts.load(Ordering::Relaxed);
+        assert_eq!(
+            conflicts, 0,
+            "{}: a rebuilt view could not hold a stored live lease (see the log)",
+            self.backend
+        );
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
@@ -427,6 +454,7 @@ impl Harness {
     pub async fn wait_for<T>(&self, what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
         let start = Instant::now();
         loop {
+            self.check_bookings().await;
             if let Some(found) = probe().await {
                 return found;
             }
@@ -444,6 +472,7 @@ impl Harness {
         let path = format!("/v1/jobs/{job_id}");
         let start = Instant::now();
         loop {
+            self.check_bookings().await;
             let view = self.get(key, &path).await.expect(200, "tenant reads its job");
             if view["state"] == state {
                 return view;
