@@ -50,6 +50,8 @@ pub const FILTER_LIST_ITEMS_MAX: usize = 64;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OfferFilter {
     clauses: Vec<Clause>,
+    /// Each clause as the query wrote it, for saying which one excluded an offer.
+    sources: Vec<String>,
     /// The tier named with `tier=`, if any.
     tier: Option<Tier>,
     /// The tiers whose asks `price` reads: the intersection of the tier clauses; None = every tier
@@ -73,6 +75,7 @@ impl OfferFilter {
         };
         let mut filter = OfferFilter::default();
         let mut tier_column = None;
+        let mut starts = Vec::new();
         while let Some(first) = tokens.next() {
             if filter.clauses.len() == FILTER_CLAUSES_MAX {
                 return bad(format!(
@@ -81,6 +84,7 @@ impl OfferFilter {
                 ));
             }
             let column = first.column;
+            starts.push(column);
             let (clause, names_tier) = parse_clause(first, &mut tokens)?;
             if let Clause::Tier { tiers } = &clause {
                 if names_tier {
@@ -99,7 +103,25 @@ impl OfferFilter {
             }
             filter.clauses.push(clause);
         }
+        let chars: Vec<char> = query.chars().collect();
+        filter.sources = starts
+            .iter()
+            .enumerate()
+            .map(|(index, start)| {
+                let end = starts.get(index + 1).map_or(chars.len(), |next| next - 1);
+                chars[start - 1..end].iter().collect::<String>().trim().to_string()
+            })
+            .collect();
         Ok(filter)
+    }
+
+    /// The first clause the offer fails, as the query wrote it (None when it matches).
+    pub fn excluded_by(&self, offer: &OfferView) -> Option<&str> {
+        self.clauses
+            .iter()
+            .zip(&self.sources)
+            .find(|(clause, _)| !self.holds(clause, offer))
+            .map(|(_, source)| source.as_str())
     }
 
     /// Whether the offer satisfies every clause.
@@ -759,6 +781,19 @@ mod tests {
     }
 
     #[track_caller]
+    #[test]
+    fn the_first_clause_an_offer_fails_is_named_as_written() {
+        let filter = OfferFilter::parse("gpus_free>0  region in [us-east, eu-north] tier=gold").unwrap();
+        assert_eq!(filter.excluded_by(&offer()), Some("region in [us-east, eu-north]"));
+        let filter = OfferFilter::parse("region=eu-west price<1").unwrap();
+        assert_eq!(filter.excluded_by(&offer()), Some("price<1"));
+        assert_eq!(
+            OfferFilter::parse("region=eu-west").unwrap().excluded_by(&offer()),
+            None
+        );
+        assert_eq!(OfferFilter::parse("").unwrap().excluded_by(&offer()), None);
+    }
+
     fn check(query: &str, offer: &OfferView, expect: bool) {
         let filter = OfferFilter::parse(query).unwrap_or_else(|error| panic!("{query:?} does not parse: {error}"));
         assert_eq!(filter.matches(offer), expect, "{query:?} on {offer:?}");

@@ -272,6 +272,10 @@ pub struct OfferView {
 pub struct OfferList {
     pub offers: Vec<OfferView>,
     pub total_matching: u64,
+    /// When nothing matches: how many nodes each clause excluded (the first it failed), e.g.
+    /// "0 of 1 nodes: 1 excluded by `region in [eu-west,eu-north]` (nodes are in us-east)".
+    #[serde(default)]
+    pub explanation: Option<String>,
 }
 
 /// A node as its provider registers it.

@@ -311,6 +311,7 @@ pub async fn search_offers(
     let now_s = now_us() / 1_000_000;
     let mut offers = Vec::new();
     let mut total = 0u64;
+    let mut excluded: BTreeMap<String, u64> = BTreeMap::new();
     for (position, record) in view.records.iter().enumerate() {
         let node = &view.matcher.nodes()[position];
         let spec = catalog.spec(node.gpu_model);
@@ -338,11 +339,15 @@ pub async fn search_offers(
             online: record.online,
             simulated: record.node.simulated,
         };
-        if filter.matches(&offer) {
-            total += 1;
-            offers.push(offer);
+        match filter.excluded_by(&offer) {
+            None => {
+                total += 1;
+                offers.push(offer);
+            }
+            Some(clause) => *excluded.entry(clause.to_string()).or_default() += 1,
         }
     }
+    let explanation = (total == 0).then(|| offers_excluded(&view.records, &excluded));
     let tier = filter.tier().map(str::to_string);
     let price_of = |offer: &OfferView| match &tier {
         Some(tier) => offer.price_micros_per_gpu_hour.get(tier).copied().unwrap_or(i64::MAX),
@@ -358,7 +363,30 @@ pub async fn search_offers(
     Ok(Json(OfferList {
         offers,
         total_matching: total,
+        explanation,
     }))
+}
+
+/// Why no offer matched: how many nodes each clause excluded, and where the nodes are.
+fn offers_excluded(records: &[store::NodeRecord], excluded: &BTreeMap<String, u64>) -> String {
+    if records.is_empty() {
+        return "no node is registered yet".into();
+    }
+    let mut parts: Vec<(u64, &String)> = excluded.iter().map(|(clause, count)| (*count, clause)).collect();
+    parts.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
+    let parts: Vec<String> = parts
+        .iter()
+        .map(|(count, clause)| format!("{count} excluded by `{clause}`"))
+        .collect();
+    let mut regions: Vec<&str> = records.iter().map(|record| record.node.region.as_str()).collect();
+    regions.sort_unstable();
+    regions.dedup();
+    format!(
+        "0 of {} nodes: {} (nodes are in {})",
+        records.len(),
+        parts.join(", "),
+        regions.join(", ")
+    )
 }
 
 #[derive(Deserialize)]

@@ -987,6 +987,16 @@ async fn quotes_and_offer_searches_answer_from_the_fleet() {
                 (found["total_matching"] == 3).then_some(found)
             })
             .await;
+        // Nothing in those regions: the answer says which clause excluded the nodes.
+        let elsewhere = search("region in [us-east,ap-south] gpus_free>0").await;
+        assert_eq!(elsewhere["total_matching"], 0, "{}: {elsewhere}", h.backend);
+        assert_eq!(
+            elsewhere["explanation"],
+            "0 of 3 nodes: 3 excluded by `region in [us-east,ap-south]` (nodes are in eu-west)",
+            "{}",
+            h.backend
+        );
+        assert_eq!(everything["explanation"], Value::Null, "{}", h.backend);
         let ids = |found: &Value| -> Vec<i64> {
             found["offers"]
                 .as_array()

@@ -14,7 +14,7 @@
 //!   code 0 too) left its job queued again, never finished;
 //! - the ledger balances.
 //!
-//! `FALLOW_RANDOM_STEPS` (default 120) and `FALLOW_RANDOM_SEED` (default 1) run longer or
+//! `FALLOW_RANDOM_STEPS` (default 200) and `FALLOW_RANDOM_SEED` (default 1) run longer or
 //! other histories; a failure names its seed and step.
 
 mod common;
@@ -424,7 +424,7 @@ async fn history(h: &Harness, seed: u64, steps: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn random_histories_keep_the_store_the_view_and_the_ledger_in_agreement() {
     let seed = env_number("FALLOW_RANDOM_SEED", 1);
-    let steps = env_number("FALLOW_RANDOM_STEPS", 120);
+    let steps = env_number("FALLOW_RANDOM_STEPS", 200);
     on_every_backend_with(
         |config| {
             config.reconcile = false;

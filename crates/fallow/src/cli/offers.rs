@@ -47,6 +47,9 @@ fn search(client: &Client, filter: &str, limit: u64) -> anyhow::Result<()> {
     let list: OfferList = parse(&answer, "offer list")?;
     if list.offers.is_empty() {
         println!("no offers match{}", if filter.is_empty() { "" } else { " the filter" });
+        if let Some(explanation) = &list.explanation {
+            println!("{explanation}");
+        }
         return Ok(());
     }
     let mut table = Table::new(&[
