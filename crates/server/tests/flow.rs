@@ -452,6 +452,20 @@ fn lease_on(view: &Value, node_id: i64) -> Option<Value> {
         .cloned()
 }
 
+/// A tenant's bronze job placed on the whole of a node: the tenant, the node's agent, the job and
+/// its lease.
+async fn bronze_on_a_whole_node(h: &Harness) -> (common::Account, common::Agent, i64, Value) {
+    let (tenant, provider) = tenant_and_provider(h).await;
+    let agent = h.node(&provider, "busy", |_| {}).await;
+    let mut bronze = job_request("bronze-sweep");
+    bronze["gpus"] = json!(8);
+    bronze["tier"] = json!("bronze");
+    bronze["preemptible"] = json!(true);
+    let bronze_id = micros(&h.submit(&tenant, bronze).await["id"]);
+    let (_, victim) = run_until_placed(h, &agent, &tenant, bronze_id).await;
+    (tenant, agent, bronze_id, victim)
+}
+
 /// Gold work needs a node that bronze work fills: the bronze lease is told when it must stop
 /// (now plus the grace period), and when that time comes the coordinator ends it as preempted
 /// and queues its job again, while the gold job holds the node.
@@ -460,14 +474,7 @@ async fn gold_preempts_bronze_after_the_grace_period() {
     on_every_backend_with(
         |config| config.matcher.preemption_grace_s = 2,
         async |h: &Harness| {
-            let (tenant, provider) = tenant_and_provider(h).await;
-            let agent = h.node(&provider, "busy", |_| {}).await;
-            let mut bronze = job_request("bronze-sweep");
-            bronze["gpus"] = json!(8);
-            bronze["tier"] = json!("bronze");
-            bronze["preemptible"] = json!(true);
-            let bronze_id = micros(&h.submit(&tenant, bronze).await["id"]);
-            let (_, victim) = run_until_placed(h, &agent, &tenant, bronze_id).await;
+            let (tenant, agent, bronze_id, victim) = bronze_on_a_whole_node(h).await;
             assert_eq!(
                 victim["preempt_at_us"],
                 Value::Null,
@@ -539,13 +546,7 @@ async fn a_replica_exiting_zero_in_its_grace_is_preempted_and_both_jobs_say_why(
     on_every_backend_with(
         |config| config.matcher.preemption_grace_s = 30,
         async |h: &Harness| {
-            let (tenant, provider) = tenant_and_provider(h).await;
-            let agent = h.node(&provider, "busy", |_| {}).await;
-            let mut bronze = job_request("bronze-sweep");
-            bronze["gpus"] = json!(8);
-            bronze["tier"] = json!("bronze");
-            let bronze_id = micros(&h.submit(&tenant, bronze).await["id"]);
-            let (_, victim) = run_until_placed(h, &agent, &tenant, bronze_id).await;
+            let (tenant, agent, bronze_id, victim) = bronze_on_a_whole_node(h).await;
             for state in ["staging", "running", "running", "staging"] {
                 agent
                     .event(&victim, state)
