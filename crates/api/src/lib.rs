@@ -576,6 +576,14 @@ pub struct AgentLease {
     pub job: JobRequest,
 }
 
+/// The leases a node should run, as a long poll answers them: `version` changes whenever the
+/// set does (ids, epochs, states, preemption times), so an agent can ask for changes only.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct LeaseSet {
+    pub version: String,
+    pub leases: Vec<AgentLease>,
+}
+
 /// An agent's report of a lease's progress.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
 #[serde(deny_unknown_fields)]

@@ -115,8 +115,8 @@ pub async fn prove(
         "fraud proven: bond slashed, tenants refunded, node cordoned"
     );
     let reason = "its node was cordoned for proven fraud";
-    let jobs = crate::reconcile::lose_leases_of_node(state, node.id, reason, now).await?;
-    crate::reconcile::restart_jobs(
+    let jobs = crate::lifecycle::lose_leases_of_node(state, node.id, reason, now).await?;
+    crate::lifecycle::restart_jobs(
         state,
         &jobs,
         "its node was cordoned for proven fraud; queued again",
@@ -337,7 +337,7 @@ pub async fn dropped(state: &AppState, node: &NodeRecord, drop: Dropped, now: i6
         .record_evidence(Some(node.id), "dropped_lease", &detail.to_string(), now)
         .await?;
     state.store.record_outcome(node.id, "node_fault", now).await?;
-    crate::reconcile::restart_jobs(
+    crate::lifecycle::restart_jobs(
         state,
         &[lease.job_id],
         "a replica was dropped by its node; queued again",

@@ -10,6 +10,7 @@ mod error;
 mod extract;
 mod fraud;
 mod lease_hints;
+pub mod lifecycle;
 mod metrics;
 mod money;
 mod openapi;

@@ -76,7 +76,7 @@ use utoipa::OpenApi;
         api::FraudView,
         api::NodeTrustView,
         api::TrustView,
-        crate::routes::LeaseSet
+        api::LeaseSet
     ))
 )]
 struct Schemas;

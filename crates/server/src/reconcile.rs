@@ -14,6 +14,7 @@ use model::{GpuCatalog, Micros, Tier};
 use store::{JobState, LeaseState, NewLease, PlacementWrite};
 
 use crate::error::ApiError;
+use crate::lifecycle::{end_preempted, lose_leases_of_node, preemption_reason, restart_jobs, settle_job};
 use crate::reputation::NodeFacts;
 use crate::state::{AppState, Metrics, RECONCILE_JOBS_MAX, now_us};
 use crate::view::FleetView;
@@ -293,59 +294,11 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
             job = ended.job_id,
             "a lease ran past its maximum runtime"
         );
-        crate::routes::settle_job(state, ended.job_id).await?;
+        settle_job(state, ended.job_id).await?;
     }
     place_queued(state, now, reasons).await?;
     // After the placements: canaries take only the GPUs work left idle.
     trust_duties(state, cursor, now).await
-}
-
-/// Ends a lease preempted for other work, its grace period over or its replica stopped within it
-/// (whatever its exit code: its work was cut short), and queues its job again (a gang's other
-/// replicas stop: it restarts whole). False when the lease had ended already.
-pub async fn end_preempted(state: &AppState, lease_id: i64, reason: &str, now: i64) -> Result<bool, ApiError> {
-    let Some(ended) = state
-        .store
-        .end_lease(lease_id, LeaseState::Preempted, reason, now)
-        .await?
-    else {
-        return Ok(false);
-    };
-    if let Some(view) = state.view.lock().await.as_mut() {
-        view.release(ended.id);
-    }
-    Metrics::add(&state.metrics.leases_preempted, 1);
-    // A gang cannot go on without a replica: its others stop and it queues again whole.
-    restart_jobs(state, &[ended.job_id], "preempted; queued again", now).await?;
-    state.wake.notify_one();
-    Ok(true)
-}
-
-/// Why a lease is preempted, in words: for another job, for its node's heat, or for the end of
-/// its provider's window (or a reservation).
-pub async fn preemption_reason(state: &AppState, lease: &store::LeaseRecord) -> String {
-    if let Some(by) = lease.preempted_by {
-        return format!("preempted for job {by}");
-    }
-    let hot = state.view.lock().await.as_ref().is_some_and(|view| {
-        view.dense
-            .get(&lease.lease.node_id)
-            .is_some_and(|node| view.matcher.node_cordoned(*node))
-    });
-    if hot && lease.lease.tier == Tier::Bronze.name() {
-        "preempted: its node stayed over its owner's thermal or power limit".into()
-    } else {
-        "preempted: its provider's window closes, or a reservation takes its GPUs".into()
-    }
-}
-
-/// Whether a lease is in a preemption's grace period at `now`: its replica has been told to
-/// stop (SIGTERM) and ends at its `preempt_at`.
-pub fn in_preemption_grace(lease: &store::LeaseRecord, grace_s: u32, now: i64) -> bool {
-    lease
-        .lease
-        .preempt_at
-        .is_some_and(|at| now >= at - i64::from(grace_s) * 1_000_000)
 }
 
 /// The leader's share of the trust policy (docs/trust-policy.md): canaries that are due, and
@@ -485,81 +438,6 @@ async fn lose_silent_nodes(state: &AppState, now: i64) -> Result<(), ApiError> {
             crate::fraud::absence(state, &record, cutoff, now).await?;
         }
     }
-    Ok(())
-}
-
-/// Ends every live lease of `node` as lost (`reason`), crediting gold tenants for the breach;
-/// returns the jobs they belonged to, each once.
-pub async fn lose_leases_of_node(state: &AppState, node: i64, reason: &str, now: i64) -> Result<Vec<i64>, ApiError> {
-    let mut jobs = Vec::new();
-    for lease in state.store.live_leases_of_node(node).await? {
-        if state
-            .store
-            .end_lease(lease.id, LeaseState::Lost, reason, now)
-            .await?
-            .is_some()
-        {
-            Metrics::add(&state.metrics.leases_lost, 1);
-            jobs.push(lease.job_id);
-            if lease.lease.tier == Tier::Gold.name() {
-                credit_sla_breach(state, &lease, now).await?;
-            }
-        }
-    }
-    jobs.sort_unstable();
-    jobs.dedup();
-    Ok(jobs)
-}
-
-/// Restarts jobs whole after a replica was lost: their surviving replicas stop and each job
-/// queues again (`reason`).
-pub async fn restart_jobs(state: &AppState, jobs: &[i64], reason: &str, now: i64) -> Result<(), ApiError> {
-    for &job in jobs {
-        for lease in state.store.leases_of_job(job).await? {
-            if lease.state.is_live()
-                && let Some(ended) = state
-                    .store
-                    .end_lease(
-                        lease.id,
-                        LeaseState::Cancelled,
-                        &format!("a replica of the gang ended: {reason}"),
-                        now,
-                    )
-                    .await?
-                && let Some(view) = state.view.lock().await.as_mut()
-            {
-                view.release(ended.id);
-            }
-        }
-        state.store.requeue_job(job, reason, now).await?;
-    }
-    Ok(())
-}
-
-/// Gold is reserved capacity: losing a gold lease to a node fault breaches the SLA, and the
-/// tenant is credited an hour of the lost lease at its price (from the platform's SLA pot).
-pub const SLA_CREDIT_HOURS: u64 = 1;
-
-async fn credit_sla_breach(state: &AppState, lease: &store::LeaseRecord, now: i64) -> Result<(), ApiError> {
-    let Some(job) = state.store.job(lease.job_id).await? else {
-        return Ok(());
-    };
-    let gpu_milli = u64::from(lease.lease.gpu_mask.count_ones() as u16) * lease.lease.gpu_milli.max(0) as u64;
-    let Some(amount) = Micros(lease.lease.price_micros).cost_for(gpu_milli, SLA_CREDIT_HOURS * 3600) else {
-        return Ok(());
-    };
-    if amount.0 <= 0 {
-        return Ok(());
-    }
-    let credit = ledger::sla_credit(job.tenant_id, amount, format!("sla:lease-{}", lease.id), now)
-        .map_err(crate::money::ledger_error)?;
-    crate::money::apply(&state.store, &credit).await?;
-    tracing::info!(
-        lease = lease.id,
-        tenant = job.tenant_id,
-        micros = amount.0,
-        "gold SLA breach credited"
-    );
     Ok(())
 }
 

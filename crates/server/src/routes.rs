@@ -13,12 +13,13 @@ use axum::http::StatusCode;
 use ledger::Account;
 use model::{GpuCatalog, Micros};
 use serde::Deserialize;
-use store::{JobEnd, JobRecord, JobState, LeaseMove, LeaseState, NewJob, NewNode, Role};
+use store::{JobRecord, JobState, LeaseMove, LeaseState, NewJob, NewNode, Role};
 
 use crate::beats::{self, OverLimitChange};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{Auth, JsonBody, Path, Query, Signed};
 use crate::lease_hints::Hint;
+use crate::lifecycle::{end_job, replica_ended};
 use crate::money;
 use crate::state::{AppState, Caller, LONG_POLL_MS_MAX, Metrics, now_us};
 use crate::views::{job_request, job_view, lease_view, node_view};
@@ -202,35 +203,6 @@ async fn explain_queued(state: &AppState, job: &JobRecord) -> ApiResult<Option<S
     Ok(Some(
         fleet.matcher.explain_naming(&spec, now_s, &request.regions).message,
     ))
-}
-
-/// Ends a job and releases its escrow; its live leases end with `leases_to` (agents stop them).
-pub async fn end_job(
-    state: &AppState,
-    job: &JobRecord,
-    from: &[JobState],
-    to: JobState,
-    leases_to: LeaseState,
-    reason: &str,
-) -> ApiResult<Option<Vec<store::LeaseRecord>>> {
-    let now = now_us();
-    let escrow = money::balance(&state.store, Account::Escrow(job.id)).await?;
-    let release = ledger::release(job.tenant_id, job.id, escrow, format!("release:job-{}", job.id), now)
-        .map_err(money::ledger_error)?
-        .map(|transaction| money::row(&transaction));
-    let end = JobEnd {
-        job_id: job.id,
-        from: from.to_vec(),
-        to,
-        reason: reason.to_string(),
-        leases_to,
-        release,
-    };
-    let ended = state.store.end_job(&end, now).await?;
-    if ended.is_some() {
-        state.wake.notify_one();
-    }
-    Ok(ended)
 }
 
 pub async fn cancel_job(
@@ -935,12 +907,6 @@ pub struct LeasePoll {
     known: Option<String>,
 }
 
-#[derive(serde::Serialize, utoipa::ToSchema)]
-pub struct LeaseSet {
-    pub version: String,
-    pub leases: Vec<AgentLease>,
-}
-
 fn lease_set_version(leases: &[AgentLease]) -> String {
     let mut text = String::new();
     for lease in leases {
@@ -993,88 +959,6 @@ async fn node_lease(state: &AppState, node_id: i64, lease_id: i64, record: bool)
             )))
         }
     }
-}
-
-/// A replica's end as its agent reports it (an event or an attestation), at `epoch`: the lease
-/// ends `to` (the node's outcome recorded, the job settled), or, in a preemption's grace
-/// period, as preempted whatever the exit (its job queues again). False when the lease was not
-/// live at that epoch.
-#[allow(clippy::too_many_arguments)]
-async fn replica_ended(
-    state: &AppState,
-    node_id: i64,
-    lease: &store::LeaseRecord,
-    epoch: i64,
-    to: LeaseState,
-    reason: &str,
-    event_detail: &str,
-    now: i64,
-) -> ApiResult<bool> {
-    if lease.epoch == epoch
-        && crate::reconcile::in_preemption_grace(lease, state.config.matcher.preemption_grace_s, now)
-    {
-        let why = crate::reconcile::preemption_reason(state, lease).await;
-        let reason = format!("{why}; its replica stopped within the grace period ({reason})");
-        if !crate::reconcile::end_preempted(state, lease.id, &reason, now).await? {
-            return Ok(false);
-        }
-        state
-            .store
-            .append_lease_event(lease.id, epoch, LeaseState::Preempted.as_str(), event_detail, now)
-            .await?;
-        return Ok(true);
-    }
-    if state.store.move_lease(lease.id, epoch, to, reason, now).await? != LeaseMove::Moved {
-        return Ok(false);
-    }
-    state
-        .store
-        .append_lease_event(lease.id, epoch, to.as_str(), event_detail, now)
-        .await?;
-    state
-        .store
-        .record_outcome(
-            node_id,
-            if to == LeaseState::Finished { "ok" } else { "job_failed" },
-            now,
-        )
-        .await?;
-    settle_job(state, lease.job_id).await?;
-    state.wake.notify_one();
-    Ok(true)
-}
-
-/// A job whose leases all ended: finished if every replica finished, else failed; its escrow is released.
-pub async fn settle_job(state: &AppState, job_id: i64) -> ApiResult<()> {
-    let Some(job) = state.store.job(job_id).await? else {
-        return Ok(());
-    };
-    if job.state != JobState::Running {
-        return Ok(());
-    }
-    let leases = state.store.leases_of_job(job_id).await?;
-    if leases.iter().any(|lease| lease.state.is_live()) {
-        if leases.iter().any(|lease| lease.state == LeaseState::Failed) {
-            end_job(
-                state,
-                &job,
-                &[JobState::Running],
-                JobState::Failed,
-                LeaseState::Cancelled,
-                "a replica failed",
-            )
-            .await?;
-        }
-        return Ok(());
-    }
-    let failed = leases.iter().any(|lease| lease.state == LeaseState::Failed);
-    let (to, reason) = if failed {
-        (JobState::Failed, "a replica failed")
-    } else {
-        (JobState::Finished, "")
-    };
-    end_job(state, &job, &[JobState::Running], to, LeaseState::Cancelled, reason).await?;
-    Ok(())
 }
 
 pub async fn lease_event(

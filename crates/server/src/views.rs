@@ -51,7 +51,7 @@ pub fn preemption_reason(
     let live: Vec<&LeaseRecord> = leases.iter().filter(|lease| lease.state.is_live()).collect();
     let stopping = live
         .iter()
-        .filter(|lease| lease.preempted_by.is_some() || crate::reconcile::in_preemption_grace(lease, grace_s, now))
+        .filter(|lease| lease.preempted_by.is_some() || lease.in_preemption_grace(grace_s, now))
         .filter_map(|lease| Some((lease.lease.preempt_at?, lease.preempted_by)))
         .min();
     if let Some((at, by)) = stopping {

@@ -206,6 +206,16 @@ pub struct LeaseRecord {
     pub preempted_by: Option<i64>,
 }
 
+impl LeaseRecord {
+    /// Whether the lease is in a preemption's grace period at `now` (`grace_s` long): its
+    /// replica has been told to stop (SIGTERM) and ends at its `preempt_at`.
+    pub fn in_preemption_grace(&self, grace_s: u32, now: i64) -> bool {
+        self.lease
+            .preempt_at
+            .is_some_and(|at| now >= at - i64::from(grace_s) * 1_000_000)
+    }
+}
+
 /// A live lease a placement preempts: it stops at `preempt_at` (its grace period's end).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Victim {

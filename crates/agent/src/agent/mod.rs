@@ -1,0 +1,446 @@
+//! The agent: register once, then heartbeat with telemetry and tend the replicas every tick
+//! until shut down. This file holds the agent's state, its start and its loop; what the loop does
+//! lives beside it: `leases` (following the lease set, starting and stopping replicas, fencing,
+//! attesting each replica's end), `metering` (signed usage records), `logs` (shipping replicas'
+//! output), `progress` (reporting it) and `canaries` (the coordinator's canary orders).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::{AgentLease, CanaryOrder, HeartbeatRequest, NodeRegistration, PolicyDoc};
+use tokio::sync::watch;
+use trust::NodeKey;
+
+use crate::client::{Client, ClientError, LeaseSet};
+use crate::exec::{Executor, Exit, RunSpec};
+use crate::gpu::Inventory;
+use crate::guard::Guards;
+use crate::state::{self, NodeState, RunRecord};
+
+mod canaries;
+mod leases;
+mod logs;
+mod metering;
+mod progress;
+
+use leases::{feed_guards, poll_leases};
+
+pub use canaries::{CANARIES_RUNNING_MAX, CANARY_IDS_REMEMBERED_MAX, CANARY_REPORT_ATTEMPTS_MAX, CANARY_RUN_MAX};
+pub use leases::LEASE_POLL_WAIT_MS;
+pub use logs::{LOG_CHUNK_BYTES, LOG_SETTLE};
+
+/// How often the loop looks at its replicas (exits, usage, preemption times).
+pub const TICK: Duration = Duration::from_millis(250);
+/// How long the agent waits before asking again after the coordinator could not be reached.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// What the agent is told at start.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub coordinator: String,
+    /// The provider's API key; needed only to register the node the first time.
+    pub provider_key: Option<String>,
+    pub data_dir: PathBuf,
+    /// The node's name in the provider's fleet.
+    pub name: String,
+    pub region: String,
+    pub site: String,
+    pub fabric: String,
+    pub cpu_milli: u32,
+    pub memory_mib: u64,
+    pub policy: PolicyDoc,
+    /// A usage record is signed and sent this often for each running replica.
+    pub usage_every: Duration,
+    /// SIGTERM comes this long before a preempted replica must be gone.
+    pub grace: Duration,
+    /// Whether jobs may name datasets by `file://` URL (tests, air-gapped sites); off by default.
+    pub allow_file_datasets: bool,
+    /// The `fallow` binary, started as `PROGRAM agent guard ...` beside each replica to stop it
+    /// when this agent stops vouching for it (`crate::guard`); `None` starts no guards.
+    pub guard_program: Option<PathBuf>,
+    /// The `fallow` binary, started as `PROGRAM canary run ...` for each canary order; `None`
+    /// runs `crate::canary::run_canary` on a blocking thread of this process instead.
+    pub canary_program: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("this node is not registered yet: give the provider's API key (--provider-key)")]
+    NoProviderKey,
+    #[error("{0}")]
+    Config(String),
+}
+
+/// One replica this agent runs.
+struct Run<H> {
+    lease: AgentLease,
+    spec: RunSpec,
+    handle: H,
+    started_ms: i64,
+    /// Usage is metered up to here.
+    metered_to_ms: i64,
+    /// The last usage record's sequence number (the first is the run's start in ms, plus one).
+    sequence: i64,
+    gpu_seconds_milli: i64,
+    /// Thousandths of a GPU the lease holds in all.
+    gpu_milli: i64,
+    /// SIGTERM sent (preempted, or its lease ended).
+    stopping: bool,
+    /// How much of the log the coordinator has (kept beside the log as well).
+    log: state::LogCursor,
+    /// The last progress reported: (count, unit).
+    progress_sent: Option<(i64, String)>,
+    /// The utilisation (per mille) of the replica's GPUs at each heartbeat the coordinator took
+    /// since metering last moved, summed, and how many: a usage record claims their mean,
+    /// which is what the coordinator's copy of those heartbeats says too.
+    utilisation_sum_permille: i64,
+    utilisation_samples: i64,
+}
+
+pub struct Agent<E: Executor> {
+    config: AgentConfig,
+    key: Arc<NodeKey>,
+    node_id: i64,
+    client: Arc<Client>,
+    executor: Arc<E>,
+    inventory: Inventory,
+    runs: HashMap<i64, Run<E::Handle>>,
+    /// Replicas being stopped in the background, by lease id, with the GPUs they still hold.
+    stopping: HashMap<i64, (Vec<u8>, tokio::task::JoinHandle<Option<Exit>>)>,
+    /// The coordinator's last lease set.
+    wanted: Vec<AgentLease>,
+    /// A lease of `wanted` waits for its GPUs to be free (a preempted replica in its grace).
+    launch_waiting: bool,
+    /// Leases (id, epoch) whose replica ended here: never started again, though the
+    /// coordinator may list them until it ends them (a preempted one, until `preempt_at`).
+    ended: std::collections::HashSet<(i64, i64)>,
+    /// Leases (id, epoch) whose replica an earlier run of this agent left running: when one runs
+    /// again, its log says where output may be missing (`restart_marker`).
+    left_running: std::collections::HashSet<(i64, i64)>,
+    datasets: crate::datasets::DatasetCache,
+    /// Fetches datasets.
+    http: reqwest::Client,
+    /// The last time the coordinator answered (a heartbeat or a lease poll).
+    contact: tokio::sync::watch::Sender<tokio::time::Instant>,
+    /// The coordinator's heartbeat timeout, from its last heartbeat answer.
+    heartbeat_timeout: Option<Duration>,
+    /// The replicas' guards, by lease id (none without `AgentConfig::guard_program`).
+    guards: Guards,
+    /// Usage records the coordinator could not be reached for, oldest first: sent again when
+    /// contact returns (each once per sequence; the coordinator bills it up to the lease's end).
+    unsent: std::collections::VecDeque<trust::UsageRecord>,
+    /// When `tend` last began (ms): a frozen agent's replicas were stopped by their guards
+    /// about a fence after it.
+    tended_ms: i64,
+    /// Canaries running, by order id: each task runs the canary and, once it ends, hands its
+    /// result to a task of its own to report (so stopping a canary never stops a report).
+    canaries: HashMap<i64, (CanaryOrder, tokio::task::JoinHandle<()>)>,
+    /// Canary ids seen, oldest first (each runs at most once), with a set to look them up.
+    canaries_seen: std::collections::VecDeque<i64>,
+    canaries_seen_set: std::collections::HashSet<i64>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as i64)
+}
+
+impl<E: Executor> Agent<E> {
+    /// Loads or makes the node's key and registers the node if this data directory has not yet.
+    pub async fn start(mut config: AgentConfig, inventory: Inventory, executor: E) -> Result<Agent<E>, AgentError> {
+        // Replicas run in directories of their own: every path handed to them is absolute.
+        std::fs::create_dir_all(&config.data_dir)?;
+        config.data_dir = std::path::absolute(&config.data_dir)?;
+        let (key, created) = state::load_or_create_key(&config.data_dir)?;
+        if created {
+            tracing::info!(
+                path = %config.data_dir.join(state::KEY_FILE).display(),
+                public_key = %key.public_hex(),
+                "made the node's key (mode 0600)"
+            );
+        }
+        let client = Client::new(&config.coordinator)?;
+        let node_id = match state::read_node(&config.data_dir)? {
+            Some(node) => node.node_id,
+            None => {
+                let provider_key = config.provider_key.as_deref().ok_or(AgentError::NoProviderKey)?;
+                let gpu_count = u8::try_from(inventory.gpus.len())
+                    .map_err(|_| AgentError::Config("more than 255 GPUs on one node".into()))?;
+                let registration = NodeRegistration {
+                    name: config.name.clone(),
+                    public_key: key.public_hex(),
+                    fingerprint: inventory.fingerprint(),
+                    gpu_model: inventory.model.clone(),
+                    gpu_count,
+                    cpu_milli: config.cpu_milli,
+                    memory_mib: config.memory_mib,
+                    network_mbit_s: 10_000,
+                    region: config.region.clone(),
+                    site: config.site.clone(),
+                    fabric: config.fabric.clone(),
+                    nvlink_domain: format!("{}-board", config.name),
+                    latitude: 0.0,
+                    longitude: 0.0,
+                    simulated: inventory.simulated,
+                    policy: config.policy.clone(),
+                    runtimes: executor.runtimes(),
+                };
+                let node = client.register(provider_key, &registration).await?;
+                state::write_node(
+                    &config.data_dir,
+                    &NodeState {
+                        node_id: node.id,
+                        coordinator: config.coordinator.clone(),
+                    },
+                )?;
+                tracing::info!(node = node.id, simulated = inventory.simulated, "registered the node");
+                node.id
+            }
+        };
+        let datasets = crate::datasets::DatasetCache::new(config.data_dir.join("datasets"), config.allow_file_datasets);
+        Ok(Agent {
+            config,
+            key: Arc::new(key),
+            node_id,
+            client: Arc::new(client),
+            executor: Arc::new(executor),
+            inventory,
+            runs: HashMap::new(),
+            stopping: HashMap::new(),
+            datasets,
+            http: reqwest::Client::new(),
+            wanted: Vec::new(),
+            launch_waiting: false,
+            ended: std::collections::HashSet::new(),
+            left_running: std::collections::HashSet::new(),
+            contact: tokio::sync::watch::Sender::new(tokio::time::Instant::now()),
+            unsent: std::collections::VecDeque::new(),
+            tended_ms: 0,
+            heartbeat_timeout: None,
+            guards: Guards::default(),
+            canaries: HashMap::new(),
+            canaries_seen: std::collections::VecDeque::new(),
+            canaries_seen_set: std::collections::HashSet::new(),
+        })
+    }
+
+    pub fn node_id(&self) -> i64 {
+        self.node_id
+    }
+
+    /// Stops what a previous run of this agent left: their leases are started again below when
+    /// the coordinator still lists them, so nothing runs twice.
+    async fn stop_leftovers(&mut self) -> Result<(), AgentError> {
+        let leftovers = state::read_runs(&self.config.data_dir)?;
+        for leftover in &leftovers {
+            tracing::warn!(
+                lease = leftover.lease_id,
+                "stopping a replica left by an earlier run of the agent"
+            );
+            self.left_running.insert((leftover.lease_id, leftover.epoch));
+        }
+        self.executor.stop_leftovers(&leftovers).await;
+        state::write_runs(&self.config.data_dir, &[])?;
+        Ok(())
+    }
+
+    fn save_runs(&self) {
+        let records: Vec<RunRecord> = self
+            .runs
+            .values()
+            .map(|run| RunRecord {
+                lease_id: run.lease.lease.id,
+                epoch: run.lease.lease.epoch,
+                id: self.executor.handle_id(&run.handle),
+            })
+            .collect();
+        if let Err(error) = state::write_runs(&self.config.data_dir, &records) {
+            tracing::warn!(%error, "could not record the running replicas");
+        }
+    }
+
+    /// Runs until `shutdown` turns true; then stops its replicas (their leases stay live, so a
+    /// restarted agent runs them again, and a node that stays away loses them).
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), AgentError> {
+        self.stop_leftovers().await?;
+        let (sets, mut set_changes) = watch::channel::<Option<LeaseSet>>(None);
+        let poller = tokio::spawn(poll_leases(
+            Client::new(&self.config.coordinator)?,
+            NodeKey::from_hex(&self.key.to_hex()).map_err(|error| AgentError::Config(error.to_string()))?,
+            self.node_id,
+            sets,
+            self.contact.clone(),
+            shutdown.clone(),
+        ));
+        // Ends when the agent does (its contact sender with it), or with the process.
+        tokio::spawn(feed_guards(self.contact.subscribe(), self.guards.clone()));
+        let mut heartbeat_every = Duration::from_secs(10);
+        let mut next_heartbeat = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => {}
+                changed = set_changes.changed() => {
+                    if changed.is_ok() {
+                        let set = set_changes.borrow_and_update().clone();
+                        if let Some(set) = set {
+                            self.reconcile(&set.leases).await;
+                        }
+                    }
+                }
+                () = tokio::time::sleep_until(next_heartbeat) => {
+                    self.inventory.refresh();
+                    let beat = HeartbeatRequest {
+                        gpus: self.inventory.telemetry(),
+                        fingerprint: Some(self.inventory.fingerprint()),
+                        datasets: Some(self.datasets.digests()),
+                        over_limit: self
+                            .inventory
+                            .over_limit(self.config.policy.thermal_limit_c, self.config.policy.power_limit_w),
+                        leases: Some(self.held_leases()),
+                    };
+                    match self.client.heartbeat(&self.key, self.node_id, &beat).await {
+                        Ok(answer) => {
+                            self.contact.send_replace(tokio::time::Instant::now());
+                            for run in self.runs.values_mut() {
+                                run.utilisation_sum_permille +=
+                                    self.inventory.utilisation_permille(&run.lease.lease.gpu_indices);
+                                run.utilisation_samples += 1;
+                            }
+                            heartbeat_every = Duration::from_millis(answer.heartbeat_interval_ms.max(100));
+                            self.heartbeat_timeout = (answer.heartbeat_timeout_ms > 0)
+                                .then(|| Duration::from_millis(answer.heartbeat_timeout_ms));
+                            if let Some(timeout) = self.heartbeat_timeout {
+                                // A request to an unreachable coordinator gives up well
+                                // before this agent must fence itself (half the timeout).
+                                self.client
+                                    .set_request_timeout((timeout / 4).max(Duration::from_millis(500)));
+                            }
+                            // The lease set comes from the long poll alone: it is versioned,
+                            // while a heartbeat answered late may carry an older set, which
+                            // would stop a replica the newer one just started.
+                            self.start_canaries(answer.canaries);
+                        }
+                        Err(error) => tracing::warn!(%error, "heartbeat failed"),
+                    }
+                    next_heartbeat = tokio::time::Instant::now() + heartbeat_every;
+                }
+                () = tokio::time::sleep(TICK) => {}
+            }
+            if *shutdown.borrow() {
+                break;
+            }
+            self.tend().await;
+        }
+        for (id, (_, task)) in self.canaries.drain() {
+            tracing::info!(canary = id, "the agent stops; stopping the canary unreported");
+            task.abort();
+        }
+        // All at once: the agent stops within one grace period, however many replicas it runs.
+        let leases: Vec<i64> = self.runs.keys().copied().collect();
+        for lease in leases {
+            if let Some(run) = self.runs.remove(&lease) {
+                self.stop_in_background(run, self.config.grace);
+            }
+        }
+        for (_, (_, stopping)) in self.stopping.drain() {
+            let _ = stopping.await;
+        }
+        self.save_runs();
+        let _ = poller.await;
+        Ok(())
+    }
+
+    /// Meters usage, notices ends, and starts the grace period of preempted replicas.
+    async fn tend(&mut self) {
+        self.fence_if_cut_off();
+        self.take_guarded_stops();
+        self.tended_ms = now_ms();
+        if !self.unsent.is_empty()
+            && self
+                .fence()
+                .is_none_or(|fence| self.contact.borrow().elapsed() < fence.fence)
+        {
+            self.send_unsent_usage().await;
+        }
+        self.stopping.retain(|_, (_, task)| !task.is_finished());
+        self.canaries.retain(|_, (_, task)| !task.is_finished());
+        if self.launch_waiting {
+            let wanted = self.wanted.clone();
+            self.reconcile(&wanted).await;
+        }
+        let now = now_ms();
+        let ids: Vec<i64> = self.runs.keys().copied().collect();
+        for id in ids {
+            let exit = match self.runs.get(&id) {
+                Some(run) => self.executor.poll_exit(&run.handle).await,
+                None => continue,
+            };
+            match exit {
+                Ok(Some(exit)) => {
+                    if self.guards.has_fired(id) {
+                        // Stopped by its guard, not ended on its own.
+                        self.take_guarded_stops();
+                    } else if let Some(run) = self.runs.remove(&id) {
+                        self.finish(run, exit).await;
+                    }
+                    continue;
+                }
+                Ok(None) => {}
+                Err(error) => tracing::warn!(lease = id, %error, "could not look at the replica"),
+            }
+            let Some(run) = self.runs.get_mut(&id) else { continue };
+            if !run.stopping
+                && let Some(at_ms) = run.lease.lease.preempt_at_us.map(|at| at / 1000)
+                && now + self.config.grace.as_millis() as i64 >= at_ms
+            {
+                run.stopping = true;
+                let grace = Duration::from_millis(u64::try_from(at_ms - now).unwrap_or(0));
+                tracing::info!(
+                    lease = id,
+                    grace_ms = grace.as_millis() as u64,
+                    "preempted: stopping the replica"
+                );
+                let executor = self.executor.clone();
+                let handle = run.handle.clone();
+                // The exit is noticed above like any other; the grace runs meanwhile.
+                tokio::spawn(async move {
+                    let _ = executor.stop(&handle, grace).await;
+                });
+            }
+            if now - run.metered_to_ms >= self.config.usage_every.as_millis() as i64 {
+                self.meter(id, now).await;
+            }
+            self.ship_log(id).await;
+            self.report_progress(id).await;
+        }
+        self.save_runs();
+    }
+}
+
+/// Makes a new key for the node registered in `data_dir` and has the coordinator take it, in a
+/// request signed by the current key; the old key stops working. Run it while the agent is
+/// stopped (a running agent keeps signing with the key it loaded). Returns the new public key.
+pub async fn rotate_key(data_dir: &std::path::Path, coordinator: &str) -> Result<String, AgentError> {
+    let old = state::load_key(data_dir)?;
+    let node = state::read_node(data_dir)?.ok_or_else(|| {
+        AgentError::Config(format!(
+            "{} has no registered node: start the agent once first",
+            data_dir.display()
+        ))
+    })?;
+    let new = NodeKey::generate();
+    // On disk before the coordinator knows it, so no answer lost on the way leaves a node whose
+    // only key is gone.
+    state::write_pending_key(data_dir, &new)?;
+    Client::new(coordinator)?.rotate_key(&old, node.node_id, &new).await?;
+    state::commit_pending_key(data_dir)?;
+    tracing::info!(node = node.node_id, public_key = %new.public_hex(), "rotated the node's key");
+    Ok(new.public_hex())
+}

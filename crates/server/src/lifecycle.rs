@@ -1,0 +1,235 @@
+//! The life of a job and its leases, in one place: ending a job (its escrow released), settling
+//! it when its replicas have ended, a replica's end as its agent reports it, preemption's end
+//! (the job queued again, a gang restarted whole), losing a node's leases (gold credited for the
+//! breach) and restarting jobs. Used by the routes, the reconcile loop and the fraud proofs.
+
+use ledger::Account;
+use model::{Micros, Tier};
+use store::{JobEnd, JobRecord, JobState, LeaseMove, LeaseState};
+
+use crate::error::{ApiError, ApiResult};
+use crate::money;
+use crate::state::{AppState, Metrics, now_us};
+
+/// Ends a job and releases its escrow; its live leases end with `leases_to` (agents stop them).
+pub async fn end_job(
+    state: &AppState,
+    job: &JobRecord,
+    from: &[JobState],
+    to: JobState,
+    leases_to: LeaseState,
+    reason: &str,
+) -> ApiResult<Option<Vec<store::LeaseRecord>>> {
+    let now = now_us();
+    let escrow = money::balance(&state.store, Account::Escrow(job.id)).await?;
+    let release = ledger::release(job.tenant_id, job.id, escrow, format!("release:job-{}", job.id), now)
+        .map_err(money::ledger_error)?
+        .map(|transaction| money::row(&transaction));
+    let end = JobEnd {
+        job_id: job.id,
+        from: from.to_vec(),
+        to,
+        reason: reason.to_string(),
+        leases_to,
+        release,
+    };
+    let ended = state.store.end_job(&end, now).await?;
+    if ended.is_some() {
+        state.wake.notify_one();
+    }
+    Ok(ended)
+}
+
+/// A replica's end as its agent reports it (an event or an attestation), at `epoch`: the lease
+/// ends `to` (the node's outcome recorded, the job settled), or, in a preemption's grace
+/// period, as preempted whatever the exit (its job queues again). False when the lease was not
+/// live at that epoch.
+#[allow(clippy::too_many_arguments)]
+pub async fn replica_ended(
+    state: &AppState,
+    node_id: i64,
+    lease: &store::LeaseRecord,
+    epoch: i64,
+    to: LeaseState,
+    reason: &str,
+    event_detail: &str,
+    now: i64,
+) -> ApiResult<bool> {
+    if lease.epoch == epoch && lease.in_preemption_grace(state.config.matcher.preemption_grace_s, now) {
+        let why = preemption_reason(state, lease).await;
+        let reason = format!("{why}; its replica stopped within the grace period ({reason})");
+        if !end_preempted(state, lease.id, &reason, now).await? {
+            return Ok(false);
+        }
+        state
+            .store
+            .append_lease_event(lease.id, epoch, LeaseState::Preempted.as_str(), event_detail, now)
+            .await?;
+        return Ok(true);
+    }
+    if state.store.move_lease(lease.id, epoch, to, reason, now).await? != LeaseMove::Moved {
+        return Ok(false);
+    }
+    state
+        .store
+        .append_lease_event(lease.id, epoch, to.as_str(), event_detail, now)
+        .await?;
+    state
+        .store
+        .record_outcome(
+            node_id,
+            if to == LeaseState::Finished { "ok" } else { "job_failed" },
+            now,
+        )
+        .await?;
+    settle_job(state, lease.job_id).await?;
+    state.wake.notify_one();
+    Ok(true)
+}
+
+/// A job whose leases all ended: finished if every replica finished, else failed; its escrow is released.
+pub async fn settle_job(state: &AppState, job_id: i64) -> ApiResult<()> {
+    let Some(job) = state.store.job(job_id).await? else {
+        return Ok(());
+    };
+    if job.state != JobState::Running {
+        return Ok(());
+    }
+    let leases = state.store.leases_of_job(job_id).await?;
+    if leases.iter().any(|lease| lease.state.is_live()) {
+        if leases.iter().any(|lease| lease.state == LeaseState::Failed) {
+            end_job(
+                state,
+                &job,
+                &[JobState::Running],
+                JobState::Failed,
+                LeaseState::Cancelled,
+                "a replica failed",
+            )
+            .await?;
+        }
+        return Ok(());
+    }
+    let failed = leases.iter().any(|lease| lease.state == LeaseState::Failed);
+    let (to, reason) = if failed {
+        (JobState::Failed, "a replica failed")
+    } else {
+        (JobState::Finished, "")
+    };
+    end_job(state, &job, &[JobState::Running], to, LeaseState::Cancelled, reason).await?;
+    Ok(())
+}
+
+/// Ends a lease preempted for other work, its grace period over or its replica stopped within it
+/// (whatever its exit code: its work was cut short), and queues its job again (a gang's other
+/// replicas stop: it restarts whole). False when the lease had ended already.
+pub async fn end_preempted(state: &AppState, lease_id: i64, reason: &str, now: i64) -> Result<bool, ApiError> {
+    let Some(ended) = state
+        .store
+        .end_lease(lease_id, LeaseState::Preempted, reason, now)
+        .await?
+    else {
+        return Ok(false);
+    };
+    if let Some(view) = state.view.lock().await.as_mut() {
+        view.release(ended.id);
+    }
+    Metrics::add(&state.metrics.leases_preempted, 1);
+    // A gang cannot go on without a replica: its others stop and it queues again whole.
+    restart_jobs(state, &[ended.job_id], "preempted; queued again", now).await?;
+    state.wake.notify_one();
+    Ok(true)
+}
+
+/// Why a lease is preempted, in words: for another job, for its node's heat, or for the end of
+/// its provider's window (or a reservation).
+pub async fn preemption_reason(state: &AppState, lease: &store::LeaseRecord) -> String {
+    if let Some(by) = lease.preempted_by {
+        return format!("preempted for job {by}");
+    }
+    let hot = state.view.lock().await.as_ref().is_some_and(|view| {
+        view.dense
+            .get(&lease.lease.node_id)
+            .is_some_and(|node| view.matcher.node_cordoned(*node))
+    });
+    if hot && lease.lease.tier == Tier::Bronze.name() {
+        "preempted: its node stayed over its owner's thermal or power limit".into()
+    } else {
+        "preempted: its provider's window closes, or a reservation takes its GPUs".into()
+    }
+}
+
+/// Ends every live lease of `node` as lost (`reason`), crediting gold tenants for the breach;
+/// returns the jobs they belonged to, each once.
+pub async fn lose_leases_of_node(state: &AppState, node: i64, reason: &str, now: i64) -> Result<Vec<i64>, ApiError> {
+    let mut jobs = Vec::new();
+    for lease in state.store.live_leases_of_node(node).await? {
+        if state
+            .store
+            .end_lease(lease.id, LeaseState::Lost, reason, now)
+            .await?
+            .is_some()
+        {
+            Metrics::add(&state.metrics.leases_lost, 1);
+            jobs.push(lease.job_id);
+            if lease.lease.tier == Tier::Gold.name() {
+                credit_sla_breach(state, &lease, now).await?;
+            }
+        }
+    }
+    jobs.sort_unstable();
+    jobs.dedup();
+    Ok(jobs)
+}
+
+/// Restarts jobs whole after a replica was lost: their surviving replicas stop and each job
+/// queues again (`reason`).
+pub async fn restart_jobs(state: &AppState, jobs: &[i64], reason: &str, now: i64) -> Result<(), ApiError> {
+    for &job in jobs {
+        for lease in state.store.leases_of_job(job).await? {
+            if lease.state.is_live()
+                && let Some(ended) = state
+                    .store
+                    .end_lease(
+                        lease.id,
+                        LeaseState::Cancelled,
+                        &format!("a replica of the gang ended: {reason}"),
+                        now,
+                    )
+                    .await?
+                && let Some(view) = state.view.lock().await.as_mut()
+            {
+                view.release(ended.id);
+            }
+        }
+        state.store.requeue_job(job, reason, now).await?;
+    }
+    Ok(())
+}
+
+/// Gold is reserved capacity: losing a gold lease to a node fault breaches the SLA, and the
+/// tenant is credited an hour of the lost lease at its price (from the platform's SLA pot).
+pub const SLA_CREDIT_HOURS: u64 = 1;
+
+async fn credit_sla_breach(state: &AppState, lease: &store::LeaseRecord, now: i64) -> Result<(), ApiError> {
+    let Some(job) = state.store.job(lease.job_id).await? else {
+        return Ok(());
+    };
+    let gpu_milli = u64::from(lease.lease.gpu_mask.count_ones() as u16) * lease.lease.gpu_milli.max(0) as u64;
+    let Some(amount) = Micros(lease.lease.price_micros).cost_for(gpu_milli, SLA_CREDIT_HOURS * 3600) else {
+        return Ok(());
+    };
+    if amount.0 <= 0 {
+        return Ok(());
+    }
+    let credit = ledger::sla_credit(job.tenant_id, amount, format!("sla:lease-{}", lease.id), now)
+        .map_err(crate::money::ledger_error)?;
+    crate::money::apply(&state.store, &credit).await?;
+    tracing::info!(
+        lease = lease.id,
+        tenant = job.tenant_id,
+        micros = amount.0,
+        "gold SLA breach credited"
+    );
+    Ok(())
+}
