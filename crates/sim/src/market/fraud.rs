@@ -205,7 +205,7 @@ impl FraudPlan {
 
     /// A uniform draw in [0, 1) fixed by the seed and a few words (the same in every policy).
     pub fn unit(&self, words: &[u64]) -> f64 {
-        let mut trace = super::engine::TraceHash(0xcbf2_9ce4_8422_2325u64 ^ self.seed);
+        let mut trace = super::trace::TraceHash(0xcbf2_9ce4_8422_2325u64 ^ self.seed);
         trace.add(&words.iter().map(|word| *word as i64).collect::<Vec<_>>());
         let mut hash = trace.0;
         // A final mix (splitmix64), so nearby inputs give unrelated draws.

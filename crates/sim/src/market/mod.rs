@@ -12,6 +12,8 @@ pub mod fraud;
 pub mod html;
 pub mod policy;
 pub mod report;
+mod tally;
+mod trace;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -20,10 +22,10 @@ use std::sync::Arc;
 
 use model::{GpuDemand, JobId, JobSpec, Micros, Tier, Timestamp, TopologyLevel, WorkloadClass};
 
-pub use engine::{Sample, Tally, WorkTally};
 pub use fleet::{FleetError, FleetPlan, MarketFleet, ProviderKind};
 pub use policy::{Bidding, PolicyName};
 pub use report::{MarketReport, PolicyReport, TierFigures};
+pub use tally::{Sample, Tally, WorkTally};
 pub use workload::{Demand, JobKind, ReplayPod, SimJob};
 
 use failures::NodeEvent;

@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::engine::{Sample, Tally, WorkTally};
 use super::fleet::ProviderKind;
 use super::policy::PolicyName;
+use super::tally::{Sample, Tally, WorkTally};
 use super::{DemandSource, MarketConfig, World};
 use model::GpuCatalog;
 
@@ -370,7 +370,7 @@ pub(crate) fn policy_report(tally: Tally, hash: u64, world: &World, big_gang_int
         matcher_us_per_event: (tally.matcher_ns > 0 && tally.events > 0)
             .then(|| round(tally.matcher_ns as f64 / 1000.0 / tally.events as f64)),
         matcher_s_by_call: (tally.matcher_ns > 0).then(|| {
-            super::engine::CALL_NAMES
+            super::tally::CALL_NAMES
                 .iter()
                 .zip(tally.matcher_ns_by_call)
                 .map(|(name, ns)| (*name, round(ns as f64 / 1e9)))
@@ -437,7 +437,7 @@ pub(crate) fn build(config: &MarketConfig, world: &World, outcomes: Vec<(PolicyN
             windowed_gpus += u64::from(node.gpu_count);
         }
     }
-    let mut trace = super::engine::TraceHash::new();
+    let mut trace = super::trace::TraceHash::new();
     let jobs = outcomes
         .first()
         .map_or(0, |(_, tally, _)| tally.submitted.iter().sum::<u64>());
