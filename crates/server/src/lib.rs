@@ -18,7 +18,6 @@ pub mod reconcile;
 mod reputation;
 mod routes;
 mod state;
-mod trust_routes;
 mod view;
 mod views;
 
@@ -68,13 +67,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/agent/leases/{id}/progress", post(routes::lease_progress))
         .route("/v1/agent/usage", post(routes::report_usage))
         .route("/v1/agent/attestations", post(routes::attest))
-        .route("/v1/agent/canaries", post(trust_routes::canary_result))
-        .route("/v1/trust", get(trust_routes::trust))
-        .route("/v1/frauds", get(trust_routes::frauds))
-        .route("/v1/provider/bond", post(trust_routes::post_bond))
-        .route("/v1/admin/bonds", post(trust_routes::admin_bond))
-        .route("/v1/nodes/{id}/canaries", get(trust_routes::node_canaries))
-        .route("/v1/nodes/{id}/verify", post(trust_routes::verify_node))
+        .route("/v1/agent/canaries", post(routes::canary_result))
+        .route("/v1/trust", get(routes::trust))
+        .route("/v1/frauds", get(routes::frauds))
+        .route("/v1/provider/bond", post(routes::post_bond))
+        .route("/v1/admin/bonds", post(routes::admin_bond))
+        .route("/v1/nodes/{id}/canaries", get(routes::node_canaries))
+        .route("/v1/nodes/{id}/verify", post(routes::verify_node))
         .route(
             "/v1/admin/accounts",
             post(routes::create_account).get(routes::list_accounts),

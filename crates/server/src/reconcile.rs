@@ -16,7 +16,7 @@ use store::{JobState, LeaseState, NewLease, PlacementWrite};
 use crate::error::ApiError;
 use crate::lifecycle::{end_preempted, lose_leases_of_node, preemption_reason, restart_jobs, settle_job};
 use crate::reputation::NodeFacts;
-use crate::state::{AppState, Metrics, RECONCILE_JOBS_MAX, now_us};
+use crate::state::{AppState, Metrics, RECONCILE_JOBS_MAX, micros_of_ms, now_us};
 use crate::view::FleetView;
 
 /// Placements written per transaction.
@@ -49,14 +49,14 @@ async fn build_view(state: &AppState) -> Result<FleetView, ApiError> {
 /// Makes sure a view exists for quotes and offer searches. The leader keeps its own current;
 /// other replicas rebuild theirs when the fleet changed and it is older than a few seconds.
 pub async fn ensure_view(state: &AppState) -> Result<(), ApiError> {
-    static BUILT: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
     let leader = state.leads();
     let stale = {
         let view = state.view.lock().await;
         match view.as_ref() {
             None => true,
             Some(view) if !leader => {
-                let old = BUILT
+                let old = state
+                    .view_built_at
                     .lock()
                     .expect("view age lock")
                     .is_none_or(|at| at.elapsed() > FOLLOWER_VIEW_MAX_AGE);
@@ -68,7 +68,7 @@ pub async fn ensure_view(state: &AppState) -> Result<(), ApiError> {
     if stale {
         let view = build_view(state).await?;
         *state.view.lock().await = Some(view);
-        *BUILT.lock().expect("view age lock") = Some(Instant::now());
+        *state.view_built_at.lock().expect("view age lock") = Some(Instant::now());
     }
     Ok(())
 }
@@ -304,7 +304,7 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
 /// The leader's share of the trust policy (docs/trust-policy.md): canaries that are due, and
 /// the committed window hours that reputation counts.
 async fn trust_duties(state: &AppState, cursor: &mut Cursor, now: i64) -> Result<(), ApiError> {
-    let check_every = micros(state.config.canary_check_every_ms);
+    let check_every = micros_of_ms(state.config.canary_check_every_ms);
     let canaries_due = now - cursor.canaries_checked_at >= check_every;
     let window_due = state.window_hours.lock().expect("window hours lock").sample_due(now);
     if !canaries_due && !window_due {
@@ -353,10 +353,6 @@ async fn view_facts(state: &AppState) -> Vec<NodeFacts> {
     view.as_ref()
         .map(|view| NodeFacts::all(&view.records))
         .unwrap_or_default()
-}
-
-fn micros(ms: u64) -> i64 {
-    i64::try_from(ms).map_or(i64::MAX, |ms| ms.saturating_mul(1000))
 }
 
 /// How often a pass looks for nodes that have been over their limits long enough.

@@ -92,7 +92,7 @@ impl Config {
 }
 
 /// Milliseconds as microseconds, saturating.
-fn micros_of_ms(ms: u64) -> i64 {
+pub fn micros_of_ms(ms: u64) -> i64 {
     i64::try_from(ms).map_or(i64::MAX, |ms| ms.saturating_mul(1000))
 }
 
@@ -179,6 +179,8 @@ pub struct AppState {
     turns: WriterTurns,
     pub submissions: Batcher<NewJob, JobRecord>,
     pub view: tokio::sync::Mutex<Option<FleetView>>,
+    /// When a follower last built its read-only view (`reconcile::ensure_view`).
+    pub view_built_at: Mutex<Option<Instant>>,
     pub metrics: Metrics,
     limits: Mutex<HashMap<(bool, i64), Bucket>>,
     pub wake: tokio::sync::Notify,
@@ -277,6 +279,7 @@ impl AppState {
             turns,
             submissions,
             view: tokio::sync::Mutex::new(None),
+            view_built_at: Mutex::new(None),
             metrics: Metrics::default(),
             limits: Mutex::new(HashMap::new()),
             wake: tokio::sync::Notify::new(),

@@ -90,15 +90,7 @@ impl JobStream {
     }
 
     fn pick_weighted<T: Copy>(&mut self, table: &[(T, u32)]) -> T {
-        let total: u32 = table.iter().map(|(_, weight)| weight).sum();
-        let mut draw = self.rng.random_range(0..total);
-        for &(value, weight) in table {
-            if draw < weight {
-                return value;
-            }
-            draw -= weight;
-        }
-        unreachable!("the draw is below the total weight")
+        crate::picker::pick_weighted(&mut self.rng, table)
     }
 
     /// A model drawn by its share of the fleet.

@@ -13,7 +13,7 @@ pub use fleet::{
     NODES_PER_PROVIDER, REGIONS, SITES, fleet,
 };
 pub use jobs::{JobStream, UNCAPPED_PRICE};
-pub use picker::IndexPicker;
+pub use picker::{IndexPicker, pick_weighted};
 pub use prices::{PRICE_STATS_FILE, PriceError, market_prices, parse_price_stats, sample_prices};
 
 /// Constants of the job mix, for callers that check or report it.

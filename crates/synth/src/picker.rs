@@ -1,4 +1,5 @@
-//! A seeded chooser of indices, for harnesses that end a random running job.
+//! Seeded choices: a chooser of indices, for harnesses that end a random running job, and a
+//! draw from a weighted table (the job streams here and the market simulator's demand).
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -21,6 +22,20 @@ impl IndexPicker {
         assert!(len > 0, "cannot pick from nothing");
         self.rng.random_range(0..len)
     }
+}
+
+/// A value drawn from `table` with probability proportional to its weight; the weights must not
+/// all be 0. One draw of `rng` (`0..total`), so a seeded stream stays the same.
+pub fn pick_weighted<T: Copy>(rng: &mut ChaCha8Rng, table: &[(T, u32)]) -> T {
+    let total: u32 = table.iter().map(|(_, weight)| weight).sum();
+    let mut draw = rng.random_range(0..total);
+    for &(value, weight) in table {
+        if draw < weight {
+            return value;
+        }
+        draw -= weight;
+    }
+    unreachable!("the draw is below the total weight")
 }
 
 #[cfg(test)]

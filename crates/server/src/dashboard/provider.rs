@@ -37,7 +37,7 @@ pub async fn page(
     let from = now - hours * 3_600_000_000;
     let nodes = crate::routes::list_nodes(State(state.clone()), Auth(caller)).await?.0;
     let earnings = crate::routes::earnings(State(state.clone()), Auth(caller)).await?.0;
-    let standing = crate::trust_routes::trust_view(&state, caller.account_id).await?;
+    let standing = crate::routes::trust_view(&state, caller.account_id).await?;
     let per_node: BTreeMap<i64, &api::NodeEarnings> = earnings.nodes.iter().map(|node| (node.node_id, node)).collect();
     let mut entries = state
         .store

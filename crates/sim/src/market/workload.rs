@@ -262,15 +262,7 @@ impl Workload {
     }
 
     fn pick<T: Copy>(&mut self, table: &[(T, u32)]) -> T {
-        let total: u32 = table.iter().map(|(_, weight)| weight).sum();
-        let mut draw = self.rng.random_range(0..total);
-        for &(value, weight) in table {
-            if draw < weight {
-                return value;
-            }
-            draw -= weight;
-        }
-        unreachable!("the draw is below the total")
+        synth::pick_weighted(&mut self.rng, table)
     }
 
     /// A model by its GPUs in the market, among those with at least `memory_mib` per GPU

@@ -2,8 +2,6 @@
 //! provider's standing (badge, bond, reputation with its inputs, canaries, fraud decided),
 //! bonds, re-verification, and fraud decisions with their evidence for everyone they concern.
 
-use std::sync::Arc;
-
 use api::*;
 use axum::Json;
 use axum::extract::State;
@@ -18,11 +16,10 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{Auth, JsonBody, Path, Query, Signed};
 use crate::money;
 use crate::reputation::{self, NodeFacts};
-use crate::routes::{check_name, own_node, require};
 use crate::state::{AppState, Caller, now_us};
 use crate::views::reputation_view;
 
-type AppStateRef = State<Arc<AppState>>;
+use super::{AppStateRef, check_name, own_node, require};
 
 /// The most fraud decisions one answer lists.
 pub const FRAUDS_LISTED_MAX: i64 = 500;

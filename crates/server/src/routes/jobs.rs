@@ -1,0 +1,298 @@
+//! A tenant's jobs: submit, quote, list, show (with why it waits), cancel, and their output.
+
+use std::sync::Arc;
+
+use api::*;
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use ledger::Account;
+use serde::Deserialize;
+use store::{JobRecord, JobState, LeaseState, NewJob, Role};
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{Auth, JsonBody, Path, Query};
+use crate::lifecycle::end_job;
+use crate::money;
+use crate::state::{AppState, Caller, Metrics, now_us};
+use crate::views::{job_request, job_view};
+
+use super::{AppStateRef, own_job, require};
+
+/// A running job's wait in a preemption (see `views::preemption_reason`); reads the victims it
+/// waits for only when none of its leases has started.
+async fn running_reason(state: &AppState, job: &JobRecord, leases: &[store::LeaseRecord]) -> ApiResult<Option<String>> {
+    if job.state != JobState::Running {
+        return Ok(None);
+    }
+    let waiting = leases
+        .iter()
+        .any(|lease| lease.state == LeaseState::Pending && lease.lease.preempt_at.is_none());
+    let victims = if waiting {
+        state.store.live_victims_of(job.id).await?
+    } else {
+        Vec::new()
+    };
+    let grace_s = state.config.matcher.preemption_grace_s;
+    Ok(crate::views::preemption_reason(
+        job,
+        leases,
+        &victims,
+        grace_s,
+        now_us(),
+    ))
+}
+
+async fn full_job_view(state: &AppState, job: &JobRecord) -> ApiResult<JobView> {
+    let leases = state.store.leases_of_job(job.id).await?;
+    let escrow = state.store.balance(&Account::Escrow(job.id).key()).await?;
+    let mut cost = 0;
+    for lease in &leases {
+        for usage in state.store.usage_of_lease(lease.id).await? {
+            cost += usage.charged_micros;
+        }
+    }
+    let mut view = job_view(job, &leases, cost, escrow);
+    if let Some(reason) = running_reason(state, job, &leases).await? {
+        view.state_reason = reason;
+    }
+    let ids: Vec<i64> = leases.iter().map(|lease| lease.id).collect();
+    let progress = state.store.lease_progress(&ids).await?;
+    if let Some((_, unit, _)) = progress.first() {
+        let done: i64 = progress
+            .iter()
+            .filter(|(_, other, _)| other == unit)
+            .map(|(_, _, done)| *done)
+            .sum();
+        view.progress = Some(ProgressView {
+            unit: unit.clone(),
+            done,
+            cost_micros_per_million_units: if done > 0 {
+                i64::try_from(i128::from(cost) * 1_000_000 / i128::from(done)).unwrap_or(i64::MAX)
+            } else {
+                0
+            },
+        });
+    }
+    Ok(view)
+}
+
+pub async fn submit_job(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    JsonBody(request): JsonBody<JobRequest>,
+) -> ApiResult<(StatusCode, Json<JobView>)> {
+    require(&caller, &[Role::Tenant])?;
+    request.to_spec(0, caller.account_id, 0, |_| None)?;
+    if !state.recently_funded(caller.account_id) {
+        let available = money::balance(&state.store, Account::TenantAvailable(caller.account_id)).await?;
+        if available.0 <= 0 {
+            return Err(ApiError::PaymentRequired(
+                "your balance is $0: ask an admin to credit your account before submitting jobs".into(),
+            ));
+        }
+        state.note_funded(caller.account_id);
+    }
+    let spec = serde_json::to_string(&request).map_err(|error| ApiError::Internal(error.to_string()))?;
+    let record = state
+        .submissions
+        .submit(NewJob {
+            tenant_id: caller.account_id,
+            client_token: request.client_token.clone(),
+            spec,
+            tier: request.tier.clone(),
+            submitted_at: now_us(),
+        })
+        .await?;
+    Metrics::add(&state.metrics.jobs_submitted, 1);
+    state.wake.notify_one();
+    Ok((StatusCode::CREATED, Json(job_view(&record, &[], 0, 0))))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Page {
+    before: Option<i64>,
+    limit: Option<i64>,
+}
+
+pub async fn list_jobs(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Query(page): Query<Page>,
+) -> ApiResult<Json<JobList>> {
+    require(&caller, &[Role::Tenant])?;
+    let limit = page.limit.unwrap_or(50);
+    if !(1..=PAGE_SIZE_MAX).contains(&limit) {
+        return Err(ApiError::BadRequest(format!("limit: {limit} is not 1–{PAGE_SIZE_MAX}")));
+    }
+    let jobs = state
+        .store
+        .jobs_of_tenant(caller.account_id, page.before, limit)
+        .await?;
+    let next_before = if jobs.len() as i64 == limit {
+        jobs.last().map(|job| job.id)
+    } else {
+        None
+    };
+    let mut views = Vec::with_capacity(jobs.len());
+    for job in &jobs {
+        let leases = state.store.leases_of_job(job.id).await?;
+        let mut view = job_view(job, &leases, 0, 0);
+        if let Some(reason) = running_reason(&state, job, &leases).await? {
+            view.state_reason = reason;
+        }
+        views.push(view);
+    }
+    Ok(Json(JobList {
+        jobs: views,
+        next_before,
+    }))
+}
+
+pub async fn show_job(State(state): AppStateRef, Auth(caller): Auth, Path(id): Path<i64>) -> ApiResult<Json<JobView>> {
+    let job = own_job(&state, &caller, id).await?;
+    let mut view = full_job_view(&state, &job).await?;
+    if job.state == JobState::Queued {
+        view.explanation = explain_queued(&state, &job).await?;
+    }
+    Ok(Json(view))
+}
+
+/// Why a queued job waits: the matcher's per-constraint account (O(nodes), on request only).
+async fn explain_queued(state: &AppState, job: &JobRecord) -> ApiResult<Option<String>> {
+    crate::reconcile::ensure_view(state).await?;
+    let fleet = state.view.lock().await;
+    let Some(fleet) = fleet.as_ref() else { return Ok(None) };
+    let now_s = now_us() / 1_000_000;
+    let request = job_request(job);
+    let Ok(spec) = request.to_spec(job.id, job.tenant_id, now_s, |name| fleet.region(name)) else {
+        return Ok(None);
+    };
+    // The regions by the names the job gave: one no node is in has no id to name it by.
+    Ok(Some(
+        fleet.matcher.explain_naming(&spec, now_s, &request.regions).message,
+    ))
+}
+
+pub async fn cancel_job(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<JobView>> {
+    let job = own_job(&state, &caller, id).await?;
+    if job.state.is_final() {
+        return Err(ApiError::Conflict(format!("job {id} already ended ({})", job.state)));
+    }
+    let ended = end_job(
+        &state,
+        &job,
+        &[JobState::Queued, JobState::Running],
+        JobState::Cancelled,
+        LeaseState::Cancelled,
+        "cancelled by its tenant",
+    )
+    .await?;
+    if ended.is_none() {
+        return Err(ApiError::Conflict(format!(
+            "job {id} ended meanwhile; nothing to cancel"
+        )));
+    }
+    let job = own_job(&state, &caller, id).await?;
+    Ok(Json(full_job_view(&state, &job).await?))
+}
+
+pub async fn quote_job(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    JsonBody(request): JsonBody<JobRequest>,
+) -> ApiResult<Json<QuoteView>> {
+    require(&caller, &[Role::Tenant, Role::Admin])?;
+    crate::reconcile::ensure_view(&state).await?;
+    let view = state.view.lock().await;
+    let view = view
+        .as_ref()
+        .ok_or_else(|| ApiError::Unavailable("the fleet view is not built yet".into()))?;
+    let now_s = now_us() / 1_000_000;
+    let spec = request.to_spec(0, caller.account_id, now_s, |name| view.region(name))?;
+    let quote = view.matcher.quote_naming(&spec, now_s, &request.regions);
+    Ok(Json(QuoteView {
+        price_micros_per_gpu_hour: quote.price_per_gpu_hour.map(|price| price.0),
+        nodes_feasible: quote.nodes_feasible,
+        gpus_feasible: quote.gpus_available,
+        nodes_total: view.node_ids.len() as u64,
+        explanation: quote
+            .explanation
+            .map(|explanation| explanation.message)
+            .unwrap_or_default(),
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogQuery {
+    after: Option<i64>,
+    limit: Option<i64>,
+}
+
+/// A job's output, from every replica, oldest first.
+pub async fn job_logs(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(id): Path<i64>,
+    Query(query): Query<LogQuery>,
+) -> ApiResult<Json<JobLogs>> {
+    let job = own_job(&state, &caller, id).await?;
+    let limit = query.limit.unwrap_or(PAGE_SIZE_MAX);
+    if !(1..=PAGE_SIZE_MAX).contains(&limit) {
+        return Err(ApiError::BadRequest(format!("limit: {limit} is not 1–{PAGE_SIZE_MAX}")));
+    }
+    let after = query.after.unwrap_or(0);
+    let leases = state.store.leases_of_job(job.id).await?;
+    let replicas: std::collections::HashMap<i64, i64> =
+        leases.iter().map(|lease| (lease.id, lease.lease.replica)).collect();
+    let ids: Vec<i64> = leases.iter().map(|lease| lease.id).collect();
+    let chunks: Vec<LogChunkView> = state
+        .store
+        .lease_logs(&ids, after, limit)
+        .await?
+        .into_iter()
+        .map(|chunk| LogChunkView {
+            id: chunk.id,
+            lease_id: chunk.lease_id,
+            replica: replicas.get(&chunk.lease_id).copied().unwrap_or(0),
+            byte_offset: chunk.byte_offset,
+            text: chunk.text,
+            at_us: chunk.at,
+        })
+        .collect();
+    let next_after = chunks.last().map_or(after, |chunk| chunk.id);
+    Ok(Json(JobLogs {
+        job_id: job.id,
+        chunks,
+        next_after,
+    }))
+}
+
+/// The caller's jobs, newest first, exactly as `GET /v1/jobs` answers them.
+pub(crate) async fn jobs_page(
+    state: Arc<AppState>,
+    caller: Caller,
+    before: Option<i64>,
+    limit: i64,
+) -> ApiResult<JobList> {
+    let page = Page {
+        before,
+        limit: Some(limit),
+    };
+    Ok(list_jobs(State(state), Auth(caller), Query(page)).await?.0)
+}
+
+/// A page of a job's output after chunk `after`, exactly as `GET /v1/jobs/{id}/logs` answers.
+pub(crate) async fn job_logs_page(state: Arc<AppState>, caller: Caller, id: i64, after: i64) -> ApiResult<JobLogs> {
+    let query = LogQuery {
+        after: Some(after),
+        limit: None,
+    };
+    Ok(job_logs(State(state), Auth(caller), Path(id), Query(query)).await?.0)
+}

@@ -1,0 +1,205 @@
+//! A provider's nodes: registration, list and show (with reputations), policy, and earnings.
+
+use api::*;
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use ledger::Account;
+use model::GpuCatalog;
+use store::{NewNode, Role};
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{Auth, JsonBody, Path};
+use crate::state::{AppState, now_us};
+use crate::views::node_view;
+
+use super::{AppStateRef, check_name, own_node, require};
+
+pub async fn register_node(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    JsonBody(registration): JsonBody<NodeRegistration>,
+) -> ApiResult<(StatusCode, Json<NodeView>)> {
+    require(&caller, &[Role::Provider])?;
+    check_name("name", &registration.name, true)?;
+    check_name("region", &registration.region, true)?;
+    check_name("site", &registration.site, true)?;
+    check_name("fabric", &registration.fabric, false)?;
+    check_name("nvlink_domain", &registration.nvlink_domain, false)?;
+    check_name("fingerprint", &registration.fingerprint, false)?;
+    trust::parse_public_key(&registration.public_key)?;
+    let catalog = GpuCatalog::embedded();
+    if catalog.find(&registration.gpu_model).is_none() {
+        let known: Vec<&str> = catalog.models().map(|(_, spec)| spec.name.as_str()).collect();
+        return Err(ApiError::BadRequest(format!(
+            "gpu_model: unknown model {:?}; known: {}",
+            registration.gpu_model,
+            known.join(", ")
+        )));
+    }
+    if !(1..=16).contains(&registration.gpu_count) {
+        return Err(ApiError::BadRequest(format!(
+            "gpu_count: {} is not 1–16",
+            registration.gpu_count
+        )));
+    }
+    if !(-90.0..=90.0).contains(&registration.latitude) || !(-180.0..=180.0).contains(&registration.longitude) {
+        return Err(ApiError::BadRequest(
+            "latitude must be −90…90 and longitude −180…180".into(),
+        ));
+    }
+    if registration.memory_mib > 1 << 40 || registration.cpu_milli == 0 {
+        return Err(ApiError::BadRequest(
+            "cpu_milli must be positive and memory_mib at most 2^40".into(),
+        ));
+    }
+    registration.policy.to_model()?;
+    let mut runtimes: Vec<model::Runtime> = Vec::new();
+    for name in &registration.runtimes {
+        let runtime = model::Runtime::parse(name)
+            .ok_or_else(|| ApiError::BadRequest(format!("runtimes: {name:?} is not container or process")))?;
+        if !runtimes.contains(&runtime) {
+            runtimes.push(runtime);
+        }
+    }
+    if runtimes.is_empty() {
+        runtimes = model::Runtime::ALL.to_vec();
+    }
+    runtimes.sort();
+    let runtimes = runtimes
+        .iter()
+        .map(|runtime| runtime.name())
+        .collect::<Vec<_>>()
+        .join(",");
+    let policy = serde_json::to_string(&registration.policy).map_err(|error| ApiError::Internal(error.to_string()))?;
+    let record = state
+        .store
+        .insert_node(
+            &NewNode {
+                provider_id: caller.account_id,
+                name: registration.name.clone(),
+                public_key: registration.public_key.clone(),
+                fingerprint: registration.fingerprint.clone(),
+                region: registration.region.clone(),
+                site: registration.site.clone(),
+                fabric: registration.fabric.clone(),
+                nvlink_domain: registration.nvlink_domain.clone(),
+                latitude: registration.latitude,
+                longitude: registration.longitude,
+                gpu_model: registration.gpu_model.clone(),
+                gpu_count: i64::from(registration.gpu_count),
+                cpu_milli: i64::from(registration.cpu_milli),
+                memory_mib: registration.memory_mib as i64,
+                network_mbit_s: i64::from(registration.network_mbit_s),
+                simulated: registration.simulated,
+                policy,
+                datasets: "[]".to_string(),
+                runtimes,
+            },
+            now_us(),
+        )
+        .await?;
+    state.wake.notify_one();
+    Ok((
+        StatusCode::CREATED,
+        Json(node_view(&record, trust::rules::Reputation::default().score(), 0, 0)),
+    ))
+}
+
+async fn full_node_view(state: &AppState, record: &store::NodeRecord) -> ApiResult<NodeView> {
+    let mut views = full_node_views(state, std::slice::from_ref(record)).await?;
+    Ok(views.remove(0))
+}
+
+/// Nodes as the API shows them, with their reputations read from one catch-up of the book.
+async fn full_node_views(state: &AppState, records: &[store::NodeRecord]) -> ApiResult<Vec<NodeView>> {
+    crate::reputation::catch_up(state).await?;
+    let now_ms = now_us() / 1000;
+    let mut views = Vec::with_capacity(records.len());
+    for record in records {
+        let live = state.store.live_leases_of_node(record.id).await?.len() as i64;
+        let reputation = state.reputations.lock().await.node(record.id, now_ms);
+        let mut view = node_view(record, reputation.score(), live, 0);
+        view.reputation = Some(crate::views::reputation_view(&reputation));
+        // This replica may have heard the node since the store did (see `beats`).
+        if let Some((at, telemetry)) = state.beats.last(record.id)
+            && record.last_heartbeat_at.is_none_or(|stored| stored < at)
+        {
+            view.last_heartbeat_at_us = Some(at);
+            view.telemetry = serde_json::from_str(&telemetry).ok();
+        }
+        views.push(view);
+    }
+    Ok(views)
+}
+
+pub async fn list_nodes(State(state): AppStateRef, Auth(caller): Auth) -> ApiResult<Json<Vec<NodeView>>> {
+    require(&caller, &[Role::Provider, Role::Admin])?;
+    let records = if caller.role == Role::Admin {
+        state.store.nodes().await?
+    } else {
+        state.store.nodes_of_provider(caller.account_id).await?
+    };
+    Ok(Json(full_node_views(&state, &records).await?))
+}
+
+pub async fn show_node(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<NodeView>> {
+    let record = own_node(&state, &caller, id).await?;
+    Ok(Json(full_node_view(&state, &record).await?))
+}
+
+pub async fn set_policy(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(id): Path<i64>,
+    JsonBody(policy): JsonBody<PolicyDoc>,
+) -> ApiResult<Json<NodeView>> {
+    require(&caller, &[Role::Provider, Role::Admin])?;
+    own_node(&state, &caller, id).await?;
+    policy.to_model()?;
+    let text = serde_json::to_string(&policy).map_err(|error| ApiError::Internal(error.to_string()))?;
+    state.store.set_node_policy(id, &text, now_us()).await?;
+    state.wake.notify_one();
+    let record = own_node(&state, &caller, id).await?;
+    Ok(Json(full_node_view(&state, &record).await?))
+}
+
+pub async fn earnings(State(state): AppStateRef, Auth(caller): Auth) -> ApiResult<Json<EarningsView>> {
+    require(&caller, &[Role::Provider])?;
+    let now = now_us();
+    let mut nodes = Vec::new();
+    let records = state.store.nodes_of_provider(caller.account_id).await?;
+    let views = full_node_views(&state, &records).await?;
+    for (record, view) in records.into_iter().zip(views) {
+        let mut earned = 0i64;
+        let mut gpu_milli_seconds = 0i64;
+        for lease in state.store.leases_of_node(record.id).await? {
+            for usage in state.store.usage_of_lease(lease.id).await? {
+                earned += usage.charged_micros;
+                gpu_milli_seconds += usage.gpu_seconds_milli;
+            }
+        }
+        let offered_seconds = ((now - record.registered_at) / 1_000_000).max(1);
+        let capacity = offered_seconds * record.node.gpu_count.max(1) * 1000;
+        nodes.push(NodeEarnings {
+            node_id: record.id,
+            name: record.node.name.clone(),
+            earned_micros: earned,
+            gpu_hours_sold: gpu_milli_seconds as f64 / 1000.0 / 3600.0,
+            fill_rate: (gpu_milli_seconds as f64 / capacity as f64).min(1.0),
+            reliability: view.reliability,
+        });
+    }
+    Ok(Json(EarningsView {
+        provider_id: caller.account_id,
+        earnings_micros: state
+            .store
+            .balance(&Account::ProviderEarnings(caller.account_id).key())
+            .await?,
+        nodes,
+    }))
+}
