@@ -56,7 +56,7 @@ pub async fn replica_ended(
     now: i64,
 ) -> ApiResult<bool> {
     if lease.epoch == epoch && lease.in_preemption_grace(state.config.matcher.preemption_grace_s, now) {
-        let why = preemption_reason(state, lease).await;
+        let why = why_preempted(state, lease).await;
         let reason = format!("{why}; its replica stopped within the grace period ({reason})");
         if !end_preempted(state, lease.id, &reason, now).await? {
             return Ok(false);
@@ -143,7 +143,7 @@ pub async fn end_preempted(state: &AppState, lease_id: i64, reason: &str, now: i
 
 /// Why a lease is preempted, in words: for another job, for its node's heat, or for the end of
 /// its provider's window (or a reservation).
-pub async fn preemption_reason(state: &AppState, lease: &store::LeaseRecord) -> String {
+pub async fn why_preempted(state: &AppState, lease: &store::LeaseRecord) -> String {
     if let Some(by) = lease.preempted_by {
         return format!("preempted for job {by}");
     }

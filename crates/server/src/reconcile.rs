@@ -14,7 +14,7 @@ use model::{GpuCatalog, Micros, Tier};
 use store::{JobState, LeaseState, NewLease, PlacementWrite};
 
 use crate::error::ApiError;
-use crate::lifecycle::{end_preempted, lose_leases_of_node, preemption_reason, restart_jobs, settle_job};
+use crate::lifecycle::{end_preempted, lose_leases_of_node, restart_jobs, settle_job, why_preempted};
 use crate::reputation::NodeFacts;
 use crate::state::{AppState, Metrics, RECONCILE_JOBS_MAX, micros_of_ms, now_us};
 use crate::view::FleetView;
@@ -280,7 +280,7 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
     let grace_us = i64::from(state.config.matcher.preemption_grace_s) * 1_000_000;
     for lease in state.store.leases_due(now, now - grace_us).await? {
         if lease.lease.preempt_at.is_some_and(|at| at <= now) {
-            let reason = preemption_reason(state, &lease).await;
+            let reason = why_preempted(state, &lease).await;
             end_preempted(state, lease.id, &reason, now).await?;
             continue;
         }

@@ -144,7 +144,6 @@ impl FleetView {
                 runtimes: runtime_set(&node.runtimes),
             });
         }
-        let mut matcher = Matcher::new(topology, nodes, config);
         let node_ids: Vec<i64> = records.iter().map(|record| record.id).collect();
         let dense: HashMap<i64, NodeId> = node_ids
             .iter()
@@ -152,7 +151,7 @@ impl FleetView {
             .map(|(position, id)| (*id, NodeId(position as u32)))
             .collect();
         let mut view = FleetView {
-            matcher: Matcher::new(Topology::default(), Vec::new(), MatcherConfig::default()),
+            matcher: Matcher::new(topology, nodes, config),
             node_ids,
             dense,
             records,
@@ -221,7 +220,7 @@ impl FleetView {
                 preempt_at: None,
                 checkpoint_interval_s: 0,
             };
-            match matcher.commit(&placement) {
+            match view.matcher.commit(&placement) {
                 Ok(committed) => {
                     for (lease, record) in committed.iter().zip(&held) {
                         view.lease_of_store.insert(record.id, lease.id);
@@ -246,7 +245,6 @@ impl FleetView {
                 }
             }
         }
-        view.matcher = matcher;
         for victim in victims {
             let (Some(node), Some(by_job)) = (view.dense.get(&victim.lease.node_id).copied(), victim.preempted_by)
             else {
@@ -267,30 +265,25 @@ impl FleetView {
                 });
             }
         }
-        let mut matcher = std::mem::replace(
-            &mut view.matcher,
-            Matcher::new(Topology::default(), Vec::new(), MatcherConfig::default()),
-        );
         // A lease the matcher cannot hold would let it book those GPUs again: its node takes
         // no new work until the view is built without the conflict.
         for conflict in &view.conflicts {
             tracing::error!(%conflict, "the store and the matcher disagree; the node is cordoned");
             if let Some(node) = view.dense.get(&conflict.node) {
-                matcher.set_node_cordoned(*node, true);
+                view.matcher.set_node_cordoned(*node, true);
             }
         }
         for (position, record) in view.records.iter().enumerate() {
             if !record.online || broken.contains(&position) {
-                matcher.set_node_offline(NodeId(position as u32), true);
+                view.matcher.set_node_offline(NodeId(position as u32), true);
             }
             if record.over_limit_since.is_some() || record.fraud_cordoned_at.is_some() {
-                matcher.set_node_cordoned(NodeId(position as u32), true);
+                view.matcher.set_node_cordoned(NodeId(position as u32), true);
             }
         }
         if !broken.is_empty() {
             tracing::error!(count = broken.len(), "nodes with unreadable policies are kept offline");
         }
-        view.matcher = matcher;
         view
     }
 

@@ -38,7 +38,7 @@ pub fn job_request(job: &JobRecord) -> JobRequest {
 /// have not started waits out its `victims`' grace (`waiting for GPUs (preempting job 4, grace
 /// until …)`); a job whose lease is being preempted says when it stops (`preempting: stops at
 /// …`). `grace_s` is the coordinator's preemption grace.
-pub fn preemption_reason(
+pub fn preemption_wait(
     job: &JobRecord,
     leases: &[LeaseRecord],
     victims: &[LeaseRecord],

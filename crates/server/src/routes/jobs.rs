@@ -19,7 +19,7 @@ use crate::views::{job_request, job_view};
 
 use super::{AppStateRef, own_job, require};
 
-/// A running job's wait in a preemption (see `views::preemption_reason`); reads the victims it
+/// A running job's wait in a preemption (see `views::preemption_wait`); reads the victims it
 /// waits for only when none of its leases has started.
 async fn running_reason(state: &AppState, job: &JobRecord, leases: &[store::LeaseRecord]) -> ApiResult<Option<String>> {
     if job.state != JobState::Running {
@@ -34,13 +34,7 @@ async fn running_reason(state: &AppState, job: &JobRecord, leases: &[store::Leas
         Vec::new()
     };
     let grace_s = state.config.matcher.preemption_grace_s;
-    Ok(crate::views::preemption_reason(
-        job,
-        leases,
-        &victims,
-        grace_s,
-        now_us(),
-    ))
+    Ok(crate::views::preemption_wait(job, leases, &victims, grace_s, now_us()))
 }
 
 async fn full_job_view(state: &AppState, job: &JobRecord) -> ApiResult<JobView> {
