@@ -3,7 +3,7 @@
 //! A fleet of 125,000 nodes beating every 10 s is 12,500 heartbeats a second; writing each one
 //! (a row of the nodes table) cost more than the rest of the request. So this replica remembers
 //! each node's last heartbeat and telemetry, and `flush` writes a node's row only when it
-//! matters:
+//! matters (`heartbeats` writes them):
 //! - at once (`urgent`): at the node's first heartbeat here, when its datasets change, after a
 //!   gap of half a heartbeat timeout (the leader may have found it silent), and when its row is
 //!   old enough that a leader elsewhere may;
@@ -19,24 +19,17 @@
 //! newer telemetry where it has it.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
 
 use store::Heartbeat;
 
-use crate::state::{AppState, Config};
+use crate::config::Config;
 
-/// How often the batch of due heartbeats is written.
-pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// The longest a follower's stored heartbeat may go unrefreshed while the node beats.
 pub const PERSIST_EVERY_MAX_US: i64 = 15_000_000;
 /// The longest the leader's stored heartbeat may go unrefreshed while the node beats: with
 /// 125,000 nodes it writes about 2,100 rows a second, not the 8,300 of a 15 s interval.
 pub const LEADER_PERSIST_EVERY_US: i64 = 60_000_000;
-/// Rows per flush transaction: the writers' turn passes between them, so a submission waits
-/// for one of these at most, not for the whole flush.
-const FLUSH_ROWS_MAX: usize = 512;
-
 /// When a replica writes a beating node's row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Persist {
@@ -125,7 +118,7 @@ const NOT_READ: u8 = u8::MAX;
 #[derive(Default)]
 pub struct Beats {
     table: Mutex<Table>,
-    urgent: tokio::sync::Notify,
+    pub urgent: tokio::sync::Notify,
     /// Per node, its last heartbeats' time and each GPU's utilisation in percent.
     utilisation: Mutex<HashMap<i64, VecDeque<UtilisationSample>>>,
 }
@@ -250,7 +243,7 @@ impl Beats {
     }
 
     /// Takes up to `max` heartbeats due to be written, the longest due first.
-    fn take_due(&self, max: usize) -> Vec<Heartbeat> {
+    pub fn take_due(&self, max: usize) -> Vec<Heartbeat> {
         let mut table = self.table.lock().expect("beats lock");
         let Table { nodes, due } = &mut *table;
         let mut taken = Vec::new();
@@ -275,7 +268,7 @@ impl Beats {
     }
 
     /// Makes every heartbeat newer than its stored row due (before a clean stop).
-    fn all_due(&self) {
+    pub fn all_due(&self) {
         let mut table = self.table.lock().expect("beats lock");
         let unwritten: Vec<i64> = table
             .nodes
@@ -289,7 +282,7 @@ impl Beats {
     }
 
     /// Marks heartbeats written, or due again when the write failed.
-    fn written(&self, beats: &[Heartbeat], ok: bool) {
+    pub fn written(&self, beats: &[Heartbeat], ok: bool) {
         let mut table = self.table.lock().expect("beats lock");
         for written in beats {
             if ok {
@@ -302,49 +295,6 @@ impl Beats {
                     beat.datasets_changed |= written.datasets.is_some();
                 }
             }
-        }
-    }
-}
-
-/// Writes due heartbeats every `FLUSH_EVERY`, or at once for an urgent one, until `shutdown`
-/// turns true; then writes every heartbeat its row does not have yet.
-pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    loop {
-        let stopping = *shutdown.borrow();
-        if stopping {
-            state.beats.all_due();
-        }
-        flush(&state).await;
-        if stopping {
-            return;
-        }
-        tokio::select! {
-            () = state.beats.urgent.notified() => {}
-            () = tokio::time::sleep(FLUSH_EVERY) => {}
-            _ = shutdown.changed() => {}
-        }
-    }
-}
-
-/// Writes every heartbeat due now; a failed batch stays due for the next flush.
-pub async fn flush(state: &AppState) {
-    loop {
-        let due = state.beats.take_due(FLUSH_ROWS_MAX);
-        if due.is_empty() {
-            return;
-        }
-        let result = {
-            let _turn = state.writer_turn().await;
-            state.store.record_heartbeats(&due).await
-        };
-        let full = due.len() == FLUSH_ROWS_MAX;
-        state.beats.written(&due, result.is_ok());
-        if let Err(error) = result {
-            tracing::warn!(%error, rows = due.len(), "could not write heartbeats; retrying");
-            return;
-        }
-        if !full {
-            return;
         }
     }
 }

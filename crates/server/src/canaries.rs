@@ -3,9 +3,7 @@
 //! the node's signed result is checked against the recomputed answer and the claimed GPU
 //! model's rate. Two failures of a kind in a row prove fraud (`fraud::prove`).
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::collections::HashMap;
 
 use api::{CanaryAccepted, CanaryOrder, SignedCanaryResult};
 use model::GpuCatalog;
@@ -14,11 +12,8 @@ use trust::canary::CanaryResult;
 use trust::rules::{self, CanaryFinding, CanaryHistory, CanaryRun, CanaryState, Evidence, Fraud};
 
 use crate::error::{ApiError, ApiResult};
-use crate::reputation::finding_of;
-use crate::state::{AppState, now_us};
+use crate::state::AppState;
 
-/// A replica's list of nodes with canaries open is read again when older than this.
-pub const HINTS_FRESH_FOR: Duration = Duration::from_secs(1);
 /// Slack on a canary's deadline past its run on a GPU at the slow line, for its delivery (a few
 /// heartbeats) and its report.
 pub const DEADLINE_SLACK_US: i64 = 60_000_000;
@@ -31,58 +26,10 @@ const FINDINGS_READ_MAX: i64 = 16;
 /// The seed's length in bytes.
 const SEED_BYTES: usize = 16;
 
-/// Which nodes have canaries open, so that a heartbeat asks the store only for those.
-#[derive(Default)]
-pub struct Hints {
-    open: Mutex<OpenCanaries>,
-}
-
-#[derive(Default)]
-struct OpenCanaries {
-    read_at: Option<Instant>,
-    nodes: HashSet<i64>,
-    /// A heartbeat is reading them again: the others answer from what is known meanwhile.
-    reading: bool,
-    /// Nodes this replica ordered canaries on since that read began.
-    added: HashSet<i64>,
-}
-
-impl Hints {
-    /// Whether `node` may have an open canary (read again from the store once a second, by one
-    /// heartbeat at a time).
-    async fn may_have(&self, state: &AppState, node: i64) -> ApiResult<bool> {
-        {
-            let mut open = self.open.lock().expect("canary hints lock");
-            let fresh = open.read_at.is_some_and(|at| at.elapsed() < HINTS_FRESH_FOR);
-            // While one heartbeat reads them, the others answer from what is known (a node
-            // ordered a canary meanwhile gets it at its next heartbeat).
-            if fresh || open.reading {
-                return Ok(open.nodes.contains(&node));
-            }
-            open.reading = true;
-            open.added.clear();
-        }
-        let read = state.store.open_canary_nodes().await;
-        let mut open = self.open.lock().expect("canary hints lock");
-        open.reading = false;
-        let mut nodes: HashSet<i64> = read?.into_iter().collect();
-        nodes.extend(open.added.drain());
-        open.nodes = nodes;
-        open.read_at = Some(Instant::now());
-        Ok(open.nodes.contains(&node))
-    }
-
-    fn add(&self, node: i64) {
-        let mut open = self.open.lock().expect("canary hints lock");
-        open.nodes.insert(node);
-        open.added.insert(node);
-    }
-}
-
 /// The canaries a heartbeat answer carries to `node`: those open and not past their deadline.
 /// The first delivery is noted: the coordinator's clock for the canary's rate starts there.
 pub async fn orders_for(state: &AppState, node: i64, now: i64) -> ApiResult<Vec<CanaryOrder>> {
-    if !state.canary_hints.may_have(state, node).await? {
+    if !state.canary_hints.may_have(&state.store, node).await? {
         return Ok(Vec::new());
     }
     let mut orders = Vec::new();
@@ -254,7 +201,7 @@ pub async fn schedule(state: &AppState, step_us: i64, now: i64) -> ApiResult<()>
                 latest: latest.get(&node.id).map(|canary| {
                     let state = match canary.finding.as_deref() {
                         None => CanaryState::Open,
-                        Some(name) => finding_of(name).map_or(CanaryState::Unanswered, CanaryState::Answered),
+                        Some(name) => CanaryFinding::parse(name).map_or(CanaryState::Unanswered, CanaryState::Answered),
                     };
                     (
                         canary.canary.created_at / 1000,
@@ -290,7 +237,7 @@ pub async fn schedule(state: &AppState, step_us: i64, now: i64) -> ApiResult<()>
 /// `POST /v1/agent/canaries`: a node's signed result. The signature is checked, then the order
 /// (this node's, still open, the same seed and units), then the answer and the rate.
 pub async fn take_result(state: &AppState, node_id: i64, signed: &SignedCanaryResult) -> ApiResult<CanaryAccepted> {
-    let now = now_us();
+    let now = state.now_us();
     let body = &signed.body;
     let record = trust::SignedRecord {
         body: CanaryResult {
@@ -379,7 +326,7 @@ pub async fn take_result(state: &AppState, node_id: i64, signed: &SignedCanaryRe
         memory_allocated: body.memory_allocated,
     };
     let finding = run.finding();
-    let name = finding_name(finding);
+    let name = finding.name();
     let body_json = serde_json::to_string(body).map_err(|error| ApiError::Internal(error.to_string()))?;
     let finished = {
         let _turn = state.writer_turn().await;
@@ -450,14 +397,6 @@ fn measured_rate(canary: &CanaryRow, body: &api::CanaryResultBody, simulated: bo
     Some(body.rate_milli.max(0).min(coordinator))
 }
 
-pub fn finding_name(finding: CanaryFinding) -> &'static str {
-    match finding {
-        CanaryFinding::Passed => "passed",
-        CanaryFinding::WrongAnswer => "wrong_answer",
-        CanaryFinding::Slow => "slow",
-    }
-}
-
 /// The fraud a node's answered canaries since its last fraud decision prove, with the row of
 /// canaries that proves it (oldest first).
 async fn proof(state: &AppState, node: &NodeRecord) -> ApiResult<Option<(Fraud, Vec<CanaryRow>)>> {
@@ -468,7 +407,7 @@ async fn proof(state: &AppState, node: &NodeRecord) -> ApiResult<Option<(Fraud, 
         .await?
         .into_iter()
         .filter(|canary| {
-            canary.canary.created_at > last_fraud && canary.finding.as_deref().and_then(finding_of).is_some()
+            canary.canary.created_at > last_fraud && canary.finding.as_deref().and_then(CanaryFinding::parse).is_some()
         })
         .collect();
     answered.reverse();
@@ -478,7 +417,7 @@ async fn proof(state: &AppState, node: &NodeRecord) -> ApiResult<Option<(Fraud, 
         proven = canary
             .finding
             .as_deref()
-            .and_then(finding_of)
+            .and_then(CanaryFinding::parse)
             .and_then(|finding| evidence.canary(finding));
     }
     Ok(proven.map(|fraud| {
@@ -495,7 +434,7 @@ async fn canary_evidence_since(state: &AppState, node: &NodeRecord, first: i64) 
         .canaries_of_node(node.id, FINDINGS_READ_MAX)
         .await?
         .into_iter()
-        .filter(|canary| canary.id < first && canary.finding.as_deref() == Some("passed"))
+        .filter(|canary| canary.id < first && canary.finding.as_deref() == Some(CanaryFinding::Passed.name()))
         .filter_map(|canary| canary.finished_at)
         .max();
     Ok(passed.unwrap_or(node.registered_at))

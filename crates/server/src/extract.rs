@@ -9,7 +9,8 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
-use crate::state::{AppState, Caller, Metrics, now_us};
+use crate::metrics::Metrics;
+use crate::state::{AppState, Caller};
 
 /// A JSON request body, read whole (the body limit layer turns an oversized one into a 413).
 pub struct JsonBody<T>(pub T);
@@ -144,7 +145,7 @@ impl<T: DeserializeOwned, const IDEMPOTENT: bool> FromRequest<Arc<AppState>> for
         let bytes = read_body(Request::from_parts(parts, body)).await?;
         let node_id = headers.node_id;
         let identity = state.node_identity(node_id).await?;
-        let now_ms = now_us() / 1000;
+        let now_ms = state.now_us() / 1000;
         if let Err(error) = trust::verify_request(
             &identity.key,
             node_id,
@@ -159,7 +160,12 @@ impl<T: DeserializeOwned, const IDEMPOTENT: bool> FromRequest<Arc<AppState>> for
             if matches!(error, trust::TrustError::BadSignature) {
                 let _ = state
                     .store
-                    .record_evidence(Some(node_id), "bad_signature", &format!("{method} {path}"), now_us())
+                    .record_evidence(
+                        Some(node_id),
+                        "bad_signature",
+                        &format!("{method} {path}"),
+                        state.now_us(),
+                    )
                     .await;
             }
             return Err(error.into());
@@ -176,7 +182,12 @@ impl<T: DeserializeOwned, const IDEMPOTENT: bool> FromRequest<Arc<AppState>> for
             if matches!(error, trust::TrustError::Replayed) {
                 let _ = state
                     .store
-                    .record_evidence(Some(node_id), "replayed_nonce", &format!("{method} {path}"), now_us())
+                    .record_evidence(
+                        Some(node_id),
+                        "replayed_nonce",
+                        &format!("{method} {path}"),
+                        state.now_us(),
+                    )
                     .await;
             }
             return Err(error.into());
@@ -190,7 +201,12 @@ impl<T: DeserializeOwned, const IDEMPOTENT: bool> FromRequest<Arc<AppState>> for
             Metrics::add(&state.metrics.signatures_refused, 1);
             let _ = state
                 .store
-                .record_evidence(Some(node_id), "replayed_nonce", &format!("{method} {path}"), now_us())
+                .record_evidence(
+                    Some(node_id),
+                    "replayed_nonce",
+                    &format!("{method} {path}"),
+                    state.now_us(),
+                )
                 .await;
             return Err(trust::TrustError::Replayed.into());
         }

@@ -4,11 +4,16 @@
 
 mod batch;
 mod beats;
+mod books;
 mod canaries;
+mod clock;
+mod config;
 mod dashboard;
 mod error;
 mod extract;
+mod fleet;
 mod fraud;
+mod heartbeats;
 mod lease_hints;
 pub mod lifecycle;
 mod metrics;
@@ -18,8 +23,7 @@ pub mod reconcile;
 mod reputation;
 mod routes;
 mod state;
-mod view;
-mod views;
+mod wire;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -33,8 +37,15 @@ use axum::routing::{get, post, put};
 use store::{Role, Store};
 use tower_http::catch_panic::CatchPanicLayer;
 
+pub use clock::{Clock, ManualClock, SystemClock, advance_clock_for_tests};
+pub use config::Config;
 pub use error::ApiError;
-pub use state::{AppState, Config, advance_clock_for_tests, now_us};
+pub use state::AppState;
+
+/// The system clock (wall time plus a test's offset), what a running coordinator reads.
+pub fn now_us() -> i64 {
+    clock::system_now_us()
+}
 
 /// The file in the data directory that holds the first admin's API key.
 pub const ADMIN_KEY_FILE: &str = "admin.key";
@@ -45,7 +56,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/openapi.json", get(openapi::document))
         .route("/v1/explorer", get(openapi::explorer))
         .route("/v1/market", get(routes::market))
-        .route("/metrics", get(metrics::render))
+        .route("/metrics", get(routes::metrics))
         .route("/v1/jobs", post(routes::submit_job).get(routes::list_jobs))
         .route("/v1/jobs/quote", post(routes::quote_job))
         .route("/v1/jobs/{id}", get(routes::show_job))
@@ -230,11 +241,11 @@ async fn checkpoints(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Rec
 /// Forgets the cached keys of nodes whose key another replica rotated, every
 /// `KEY_ROTATIONS_EVERY`, until `shutdown`.
 async fn key_rotations(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let mut since = now_us();
+    let mut since = state.now_us();
     loop {
         tokio::select! {
             () = tokio::time::sleep(KEY_ROTATIONS_EVERY) => {
-                let now = now_us();
+                let now = state.now_us();
                 match state.store.keys_rotated_since(since - reconcile::CHANGE_OVERLAP_US).await {
                     Ok(nodes) => {
                         for node in nodes {
@@ -283,7 +294,7 @@ pub async fn start(database_url: &str, config: Config) -> anyhow_like::Result<Ru
             tracing::error!(%error, "the API server stopped");
         }
     });
-    let beats = tokio::spawn(beats::run(state.clone(), watch.clone()));
+    let beats = tokio::spawn(heartbeats::run(state.clone(), watch.clone()));
     let checkpoints = tokio::spawn(checkpoints(state.clone(), watch.clone()));
     let rotations = tokio::spawn(key_rotations(state.clone(), watch.clone()));
     let mut tasks = vec![serve, beats, checkpoints, rotations];

@@ -7,9 +7,11 @@ use ledger::Account;
 use model::{Micros, Tier};
 use store::{JobEnd, JobRecord, JobState, LeaseMove, LeaseState};
 
+use crate::books::reputation::{LEASE_JOB_FAILED, LEASE_OK};
 use crate::error::{ApiError, ApiResult};
+use crate::metrics::Metrics;
 use crate::money;
-use crate::state::{AppState, Metrics, now_us};
+use crate::state::AppState;
 
 /// Ends a job and releases its escrow; its live leases end with `leases_to` (agents stop them).
 pub async fn end_job(
@@ -20,7 +22,7 @@ pub async fn end_job(
     leases_to: LeaseState,
     reason: &str,
 ) -> ApiResult<Option<Vec<store::LeaseRecord>>> {
-    let now = now_us();
+    let now = state.now_us();
     let escrow = money::balance(&state.store, Account::Escrow(job.id)).await?;
     let release = ledger::release(job.tenant_id, job.id, escrow, format!("release:job-{}", job.id), now)
         .map_err(money::ledger_error)?
@@ -78,7 +80,11 @@ pub async fn replica_ended(
         .store
         .record_outcome(
             node_id,
-            if to == LeaseState::Finished { "ok" } else { "job_failed" },
+            if to == LeaseState::Finished {
+                LEASE_OK
+            } else {
+                LEASE_JOB_FAILED
+            },
             now,
         )
         .await?;

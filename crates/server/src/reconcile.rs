@@ -12,12 +12,15 @@ use ledger::Account;
 use matcher::Placement;
 use model::{GpuCatalog, Micros, Tier};
 use store::{JobState, LeaseState, NewLease, PlacementWrite};
+use trust::rules::Outcome;
 
+use crate::books::reputation::NodeFacts;
+use crate::config::{RECONCILE_JOBS_MAX, micros_of_ms};
 use crate::error::ApiError;
+use crate::fleet::FleetView;
 use crate::lifecycle::{end_preempted, lose_leases_of_node, restart_jobs, settle_job, why_preempted};
-use crate::reputation::NodeFacts;
-use crate::state::{AppState, Metrics, RECONCILE_JOBS_MAX, micros_of_ms, now_us};
-use crate::view::FleetView;
+use crate::metrics::Metrics;
+use crate::state::AppState;
 
 /// Placements written per transaction.
 pub const PLACEMENTS_PER_COMMIT_MAX: usize = 64;
@@ -30,7 +33,7 @@ async fn build_view(state: &AppState) -> Result<FleetView, ApiError> {
     let version = state.store.nodes_version().await?;
     let nodes = state.store.nodes().await?;
     let leases = state.store.live_leases().await?;
-    let standings = crate::reputation::standings(state, &NodeFacts::all(&nodes), now_us()).await?;
+    let standings = crate::reputation::standings(state, &NodeFacts::all(&nodes), state.now_us()).await?;
     Metrics::add(&state.metrics.rebuilds, 1);
     let view = FleetView::build(nodes, &leases, &standings, version, state.config.matcher.clone());
     if !view.conflicts.is_empty() {
@@ -85,7 +88,7 @@ pub async fn lead(state: &AppState) -> Result<Cursor, ApiError> {
     state.lease_hints.forget();
     state.metrics.is_leader.store(1, std::sync::atomic::Ordering::Relaxed);
     Ok(Cursor {
-        led_since: now_us(),
+        led_since: state.now_us(),
         ..Cursor::default()
     })
 }
@@ -198,7 +201,7 @@ fn record_lease(state: &AppState, view: &mut FleetView, record: &store::LeaseRec
 
 /// One reconcile pass. Public so tests can drive the loop step by step.
 pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i64, String>) -> Result<(), ApiError> {
-    let now = now_us();
+    let now = state.now_us();
     let version = state.store.nodes_version().await?;
     let mut rebuild = state
         .view
@@ -416,7 +419,7 @@ async fn lose_silent_nodes(state: &AppState, now: i64) -> Result<(), ApiError> {
             }
             None => (Vec::new(), false),
         };
-        state.store.record_outcome(node, "node_fault", now).await?;
+        state.store.record_outcome(node, Outcome::NodeFault.name(), now).await?;
         let jobs = lose_leases_of_node(state, node, "node stopped sending heartbeats", now).await?;
         let mut unrepaired = Vec::new();
         for job in jobs {
@@ -452,7 +455,7 @@ async fn repair_gang(state: &AppState, job_id: i64, lost: &[model::Lease], now: 
     let (writes, victims_due) = {
         let mut guard = state.view.lock().await;
         let Some(view) = guard.as_mut() else { return Ok(false) };
-        let request = crate::views::job_request(&job);
+        let request = crate::wire::job_request(&job);
         let Ok(spec) = request.to_spec(job.id, job.tenant_id, job.submitted_at / 1_000_000, |name| {
             view.region(name)
         }) else {
@@ -537,7 +540,7 @@ fn take_victims(
         };
         view.lease_of_store.remove(&store_lease);
         if let Some(lease) = lease {
-            let hold = crate::view::VictimHold {
+            let hold = crate::fleet::VictimHold {
                 node: lease.node,
                 gpu_mask: lease.gpu_mask,
                 gpu_milli: lease.gpu_milli,
@@ -575,7 +578,7 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
         let view = guard.as_mut().expect("built before placing");
         view.matcher.advance_clock(now_s);
         for job in &queued {
-            let request = crate::views::job_request(job);
+            let request = crate::wire::job_request(job);
             let spec = match request.to_spec(job.id, job.tenant_id, job.submitted_at / 1_000_000, |name| {
                 view.region(name)
             }) {

@@ -328,6 +328,23 @@ pub enum CanaryFinding {
     Slow,
 }
 
+impl CanaryFinding {
+    pub const ALL: [CanaryFinding; 3] = [CanaryFinding::Passed, CanaryFinding::WrongAnswer, CanaryFinding::Slow];
+
+    /// Its stored and wire name.
+    pub fn name(self) -> &'static str {
+        match self {
+            CanaryFinding::Passed => "passed",
+            CanaryFinding::WrongAnswer => "wrong_answer",
+            CanaryFinding::Slow => "slow",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<CanaryFinding> {
+        CanaryFinding::ALL.into_iter().find(|finding| finding.name() == text)
+    }
+}
+
 impl CanaryRun {
     pub fn finding(&self) -> CanaryFinding {
         if self.returned_digest != self.expected_digest {

@@ -16,7 +16,7 @@ use super::html::{badge, dollars, escape, per_gpu_hour, stat, table, utc};
 use super::tenant::{price_paid, resources, state_badge};
 use super::{PageError, PageQuery, Session, render};
 use crate::extract::{Auth, Path};
-use crate::state::{AppState, now_us};
+use crate::state::AppState;
 
 /// One moment of the job's life, for the list under the timeline.
 struct Moment {
@@ -98,7 +98,7 @@ pub async fn page(
         .0;
     let after = query.after.unwrap_or(0).max(0);
     let logs = crate::routes::job_logs_page(state.clone(), caller, id, after).await?;
-    let now = now_us();
+    let now = state.now_us();
     let mut leases: Vec<&LeaseView> = job.leases.iter().collect();
     leases.sort_by_key(|lease| (lease.created_at_us, lease.id));
     let mut lease_states_of = Vec::with_capacity(leases.len());

@@ -12,7 +12,7 @@ use store::{NodeRecord, PricePoint};
 use super::chart::{LineChart, Series, line_chart};
 use super::html::{badge, dollars, duration, escape, median, per_gpu_hour, percent, quantile, stat, table};
 use super::{MaybeSession, PageError, PageQuery, render};
-use crate::state::{AppState, now_us};
+use crate::state::AppState;
 
 /// Leases read for the price index, at most (as many as `/v1/market` reads).
 pub(super) const PRICE_POINTS_MAX: i64 = 200_000;
@@ -159,7 +159,7 @@ pub async fn page(
 ) -> Result<Response, PageError> {
     let query = query.map(|Query(query)| query).unwrap_or_default();
     let hours = query.window_hours();
-    let now = now_us();
+    let now = state.now_us();
     let window_us = hours * 3_600_000_000;
     let from = now - window_us;
     let bucket = bucket_us(window_us);

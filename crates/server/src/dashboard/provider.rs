@@ -19,7 +19,7 @@ use super::market::window_links;
 use super::tenant::running_total;
 use super::{PageError, PageQuery, Session, render};
 use crate::extract::Auth;
-use crate::state::{AppState, now_us};
+use crate::state::AppState;
 
 /// Ledger entries of the earnings account read for the chart, newest first, at most.
 const EARNINGS_ENTRIES_MAX: i64 = 10_000;
@@ -33,7 +33,7 @@ pub async fn page(
     let query = query.map(|Query(query)| query).unwrap_or_default();
     let caller = session.caller;
     let hours = query.window_hours();
-    let now = now_us();
+    let now = state.now_us();
     let from = now - hours * 3_600_000_000;
     let nodes = crate::routes::list_nodes(State(state.clone()), Auth(caller)).await?.0;
     let earnings = crate::routes::earnings(State(state.clone()), Auth(caller)).await?.0;

@@ -13,7 +13,7 @@ use super::chart::{LineChart, Series, line_chart};
 use super::html::{badge, dollars, escape, gpu_time, per_gpu_hour, percent, stat, table, utc};
 use super::market::{PRICE_POINTS_MAX, silver_reference, window_links};
 use super::{PageError, PageQuery, Session, render};
-use crate::state::{AppState, now_us};
+use crate::state::AppState;
 
 /// The newest jobs listed.
 const JOBS_SHOWN: i64 = 100;
@@ -88,7 +88,7 @@ pub async fn page(
     let query = query.map(|Query(query)| query).unwrap_or_default();
     let caller = session.caller;
     let hours = query.window_hours();
-    let now = now_us();
+    let now = state.now_us();
     let from = now - hours * 3_600_000_000;
     let balance = crate::routes::own_balance(state.clone(), caller).await?;
     let jobs = crate::routes::jobs_page(state.clone(), caller, None, JOBS_SHOWN)

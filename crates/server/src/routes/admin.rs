@@ -11,7 +11,7 @@ use store::Role;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{Auth, JsonBody, Path, Query};
 use crate::money;
-use crate::state::{AppState, now_us};
+use crate::state::AppState;
 
 use super::billing::{AccountQuery, balance};
 use super::{AppStateRef, check_name, require};
@@ -35,7 +35,7 @@ pub async fn issue_key(state: &AppState, account_id: i64, label: &str) -> ApiRes
             account_id,
             secret_hash: key.secret_hash.clone(),
             label: label.to_string(),
-            created_at: now_us(),
+            created_at: state.now_us(),
             revoked_at: None,
         })
         .await?;
@@ -54,7 +54,7 @@ pub async fn create_account(
     let role = Role::parse(&request.role)
         .ok_or_else(|| ApiError::BadRequest(format!("role: {:?} is not tenant, provider or admin", request.role)))?;
     check_name("name", &request.name, true)?;
-    let account = state.store.create_account(role, &request.name, now_us()).await?;
+    let account = state.store.create_account(role, &request.name, state.now_us()).await?;
     let api_key = issue_key(&state, account.id, "first key").await?;
     Ok((
         StatusCode::CREATED,
@@ -119,7 +119,7 @@ pub async fn revoke_key(
     let key = state.store.api_key(&key_id).await?;
     match key {
         Some(key) if caller.role == Role::Admin || key.account_id == caller.account_id => {
-            if !state.store.revoke_api_key(&key_id, now_us()).await? {
+            if !state.store.revoke_api_key(&key_id, state.now_us()).await? {
                 return Err(ApiError::Conflict(format!("key {key_id} is already revoked")));
             }
             state.forget_key(&key_id);
@@ -144,7 +144,7 @@ pub async fn rotate_key(
         trust::parse_api_key(presented.trim()).map_err(|error| ApiError::Unauthorized(error.to_string()))?;
     let old_id = old_id.to_string();
     let fresh = issue_key(&state, caller.account_id, "rotated").await?;
-    state.store.revoke_api_key(&old_id, now_us()).await?;
+    state.store.revoke_api_key(&old_id, state.now_us()).await?;
     state.forget_key(&old_id);
     Ok((StatusCode::CREATED, Json(fresh)))
 }
@@ -172,7 +172,7 @@ pub async fn credit(
             ))
         })?;
     check_name("key", &request.key, true)?;
-    let transaction = ledger::deposit(account.id, amount, format!("deposit:{}", request.key), now_us())
+    let transaction = ledger::deposit(account.id, amount, format!("deposit:{}", request.key), state.now_us())
         .map_err(money::ledger_error)?;
     money::apply(&state.store, &transaction).await?;
     balance(

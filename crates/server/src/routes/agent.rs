@@ -10,12 +10,14 @@ use serde::Deserialize;
 use store::{LeaseMove, LeaseState};
 
 use crate::beats::{self, OverLimitChange};
+use crate::config::LONG_POLL_MS_MAX;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{Path, Query, Signed};
 use crate::lease_hints::Hint;
 use crate::lifecycle::replica_ended;
-use crate::state::{AppState, LONG_POLL_MS_MAX, Metrics, now_us};
-use crate::views::{job_request, lease_view};
+use crate::metrics::Metrics;
+use crate::state::AppState;
+use crate::wire::{job_request, lease_view};
 
 use super::{AppStateRef, check_name};
 
@@ -54,7 +56,7 @@ pub async fn heartbeat(
     State(state): AppStateRef,
     signed: Signed<HeartbeatRequest, true>,
 ) -> ApiResult<Json<HeartbeatResponse>> {
-    let now = now_us();
+    let now = state.now_us();
     let request = &signed.body;
     if request.gpus.len() > 16 {
         return Err(ApiError::BadRequest("gpus: at most 16".into()));
@@ -108,7 +110,7 @@ pub async fn heartbeat(
     Metrics::add(&state.metrics.heartbeats, 1);
     let mut leases = agent_leases_hinted(&state, signed.node_id).await?;
     if let Some(held) = &request.leases {
-        let min_age_us = crate::fraud::DROP_MIN_AGE_HEARTBEATS * state.config.heartbeat_interval_us();
+        let min_age_us = crate::books::fraud::DROP_MIN_AGE_HEARTBEATS * state.config.heartbeat_interval_us();
         let evidence = signed.evidence("POST", "/v1/agent/heartbeat");
         let dropped = state
             .drops
@@ -184,7 +186,7 @@ pub(super) async fn node_lease(
     match state.store.lease(lease_id).await? {
         Some(lease) if lease.lease.node_id == node_id => Ok(lease),
         _ => {
-            let now = now_us();
+            let now = state.now_us();
             let detail = format!("report for lease {lease_id}");
             if record {
                 crate::fraud::usage_evidence(state, node_id, "foreign_lease_record", &detail, now).await?;
@@ -222,7 +224,7 @@ pub async fn lease_event(
     // A long detail is cut to 128 characters; what is stored is exactly what was checked.
     let reported: String = event.detail.chars().take(128).collect();
     check_name("detail", &reported, false)?;
-    let now = now_us();
+    let now = state.now_us();
     let detail = match event.exit_code {
         Some(code) => format!("exit code {code}; {reported}"),
         None => reported.clone(),
@@ -278,7 +280,7 @@ pub async fn rotate_node_key(State(state): AppStateRef, signed: Signed<KeyRotati
     }
     let rotated = state
         .store
-        .rotate_node_key(signed.node_id, &old_hex, &new, now_us())
+        .rotate_node_key(signed.node_id, &old_hex, &new, state.now_us())
         .await?;
     state.forget_node(signed.node_id);
     if !rotated {
@@ -292,7 +294,7 @@ pub async fn rotate_node_key(State(state): AppStateRef, signed: Signed<KeyRotati
         .node(signed.node_id)
         .await?
         .ok_or_else(|| ApiError::NotFound("node".into()))?;
-    Ok(Json(crate::views::node_view(&record, 0.0, 0, 0)))
+    Ok(Json(crate::wire::node_view(&record, 0.0, 0, 0)))
 }
 
 /// A replica's progress from its agent, at the lease's current epoch.
@@ -315,7 +317,7 @@ pub async fn lease_progress(
     }
     state
         .store
-        .set_lease_progress(lease_id, &progress.unit, progress.done, now_us())
+        .set_lease_progress(lease_id, &progress.unit, progress.done, state.now_us())
         .await?;
     Ok(Json(serde_json::json!({"recorded": true})))
 }
@@ -357,7 +359,7 @@ pub async fn lease_log(
                 epoch: chunk.epoch,
                 byte_offset: chunk.byte_offset,
                 text: chunk.text.clone(),
-                at: now_us(),
+                at: state.now_us(),
             },
             LEASE_LOG_CHARS_MAX,
         )

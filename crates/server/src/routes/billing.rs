@@ -187,7 +187,7 @@ pub async fn invoice(
     let mut invoice_lines = Vec::with_capacity(lines.len());
     for (job_id, (usage_records, charged_micros)) in lines {
         let job_name = match state.store.job(job_id).await? {
-            Some(job) => crate::views::job_request(&job).name,
+            Some(job) => crate::wire::job_request(&job).name,
             None => String::new(),
         };
         invoice_lines.push(InvoiceLine {

@@ -13,13 +13,14 @@ use store::{JobRecord, JobState, LeaseState, NewJob, Role};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{Auth, JsonBody, Path, Query};
 use crate::lifecycle::end_job;
+use crate::metrics::Metrics;
 use crate::money;
-use crate::state::{AppState, Caller, Metrics, now_us};
-use crate::views::{job_request, job_view};
+use crate::state::{AppState, Caller};
+use crate::wire::{job_request, job_view};
 
 use super::{AppStateRef, own_job, require};
 
-/// A running job's wait in a preemption (see `views::preemption_wait`); reads the victims it
+/// A running job's wait in a preemption (see `wire::preemption_wait`); reads the victims it
 /// waits for only when none of its leases has started.
 async fn running_reason(state: &AppState, job: &JobRecord, leases: &[store::LeaseRecord]) -> ApiResult<Option<String>> {
     if job.state != JobState::Running {
@@ -34,7 +35,13 @@ async fn running_reason(state: &AppState, job: &JobRecord, leases: &[store::Leas
         Vec::new()
     };
     let grace_s = state.config.matcher.preemption_grace_s;
-    Ok(crate::views::preemption_wait(job, leases, &victims, grace_s, now_us()))
+    Ok(crate::wire::preemption_wait(
+        job,
+        leases,
+        &victims,
+        grace_s,
+        state.now_us(),
+    ))
 }
 
 async fn full_job_view(state: &AppState, job: &JobRecord) -> ApiResult<JobView> {
@@ -95,7 +102,7 @@ pub async fn submit_job(
             client_token: request.client_token.clone(),
             spec,
             tier: request.tier.clone(),
-            submitted_at: now_us(),
+            submitted_at: state.now_us(),
         })
         .await?;
     Metrics::add(&state.metrics.jobs_submitted, 1);
@@ -158,7 +165,7 @@ async fn explain_queued(state: &AppState, job: &JobRecord) -> ApiResult<Option<S
     crate::reconcile::ensure_view(state).await?;
     let fleet = state.view.lock().await;
     let Some(fleet) = fleet.as_ref() else { return Ok(None) };
-    let now_s = now_us() / 1_000_000;
+    let now_s = state.now_us() / 1_000_000;
     let request = job_request(job);
     let Ok(spec) = request.to_spec(job.id, job.tenant_id, now_s, |name| fleet.region(name)) else {
         return Ok(None);
@@ -207,7 +214,7 @@ pub async fn quote_job(
     let view = view
         .as_ref()
         .ok_or_else(|| ApiError::Unavailable("the fleet view is not built yet".into()))?;
-    let now_s = now_us() / 1_000_000;
+    let now_s = state.now_us() / 1_000_000;
     let spec = request.to_spec(0, caller.account_id, now_s, |name| view.region(name))?;
     let quote = view.matcher.quote_naming(&spec, now_s, &request.regions);
     Ok(Json(QuoteView {

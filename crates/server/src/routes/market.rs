@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use crate::error::ApiResult;
 use crate::extract::Query;
-use crate::state::{AppState, now_us};
+use crate::state::AppState;
 
 use super::AppStateRef;
 
@@ -26,7 +26,7 @@ pub struct MarketQuery {
 /// The market index: clearing prices per model, region and tier over time, and utilisation now.
 pub async fn market(State(state): AppStateRef, Query(query): Query<MarketQuery>) -> ApiResult<Json<MarketView>> {
     let bucket_us = query.bucket_s.unwrap_or(3600).clamp(60, 86_400 * 7) * 1_000_000;
-    let since_us = now_us() - query.since_s.unwrap_or(86_400).clamp(60, 86_400 * 90) * 1_000_000;
+    let since_us = state.now_us() - query.since_s.unwrap_or(86_400).clamp(60, 86_400 * 90) * 1_000_000;
     let points = state.store.price_points(since_us, 200_000).await?;
     let mut groups: BTreeMap<(i64, String, String, String), Vec<i64>> = BTreeMap::new();
     for point in points {

@@ -8,6 +8,7 @@ mod agent;
 mod billing;
 mod jobs;
 mod market;
+mod metrics;
 mod nodes;
 mod offers;
 mod records;
@@ -20,6 +21,7 @@ pub(crate) use agent::{heartbeat, lease_event, lease_log, lease_progress, poll_l
 pub(crate) use billing::{balance, invoice, own_balance, statement};
 pub(crate) use jobs::{cancel_job, job_logs, job_logs_page, jobs_page, list_jobs, quote_job, show_job, submit_job};
 pub(crate) use market::{health, market, market_index};
+pub(crate) use metrics::metrics;
 pub(crate) use nodes::{earnings, list_nodes, register_node, set_policy, show_node};
 pub(crate) use offers::search_offers;
 pub(crate) use records::{attest, report_usage};

@@ -10,8 +10,8 @@ use store::{NewNode, Role};
 
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{Auth, JsonBody, Path};
-use crate::state::{AppState, now_us};
-use crate::views::node_view;
+use crate::state::AppState;
+use crate::wire::node_view;
 
 use super::{AppStateRef, check_name, own_node, require};
 
@@ -96,7 +96,7 @@ pub async fn register_node(
                 datasets: "[]".to_string(),
                 runtimes,
             },
-            now_us(),
+            state.now_us(),
         )
         .await?;
     state.wake.notify_one();
@@ -114,13 +114,13 @@ async fn full_node_view(state: &AppState, record: &store::NodeRecord) -> ApiResu
 /// Nodes as the API shows them, with their reputations read from one catch-up of the book.
 async fn full_node_views(state: &AppState, records: &[store::NodeRecord]) -> ApiResult<Vec<NodeView>> {
     crate::reputation::catch_up(state).await?;
-    let now_ms = now_us() / 1000;
+    let now_ms = state.now_us() / 1000;
     let mut views = Vec::with_capacity(records.len());
     for record in records {
         let live = state.store.live_leases_of_node(record.id).await?.len() as i64;
         let reputation = state.reputations.lock().await.node(record.id, now_ms);
         let mut view = node_view(record, reputation.score(), live, 0);
-        view.reputation = Some(crate::views::reputation_view(&reputation));
+        view.reputation = Some(crate::wire::reputation_view(&reputation));
         // This replica may have heard the node since the store did (see `beats`).
         if let Some((at, telemetry)) = state.beats.last(record.id)
             && record.last_heartbeat_at.is_none_or(|stored| stored < at)
@@ -162,7 +162,7 @@ pub async fn set_policy(
     own_node(&state, &caller, id).await?;
     policy.to_model()?;
     let text = serde_json::to_string(&policy).map_err(|error| ApiError::Internal(error.to_string()))?;
-    state.store.set_node_policy(id, &text, now_us()).await?;
+    state.store.set_node_policy(id, &text, state.now_us()).await?;
     state.wake.notify_one();
     let record = own_node(&state, &caller, id).await?;
     Ok(Json(full_node_view(&state, &record).await?))
@@ -170,7 +170,7 @@ pub async fn set_policy(
 
 pub async fn earnings(State(state): AppStateRef, Auth(caller): Auth) -> ApiResult<Json<EarningsView>> {
     require(&caller, &[Role::Provider])?;
-    let now = now_us();
+    let now = state.now_us();
     let mut nodes = Vec::new();
     let records = state.store.nodes_of_provider(caller.account_id).await?;
     let views = full_node_views(&state, &records).await?;

@@ -10,7 +10,6 @@ use serde::Deserialize;
 
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{Auth, Query};
-use crate::state::now_us;
 
 use super::AppStateRef;
 
@@ -36,7 +35,7 @@ pub async fn search_offers(
         .as_ref()
         .ok_or_else(|| ApiError::Unavailable("the fleet view is not built yet".into()))?;
     let catalog = GpuCatalog::embedded();
-    let now_s = now_us() / 1_000_000;
+    let now_s = state.now_us() / 1_000_000;
     let mut offers = Vec::new();
     let mut total = 0u64;
     let mut excluded: BTreeMap<String, u64> = BTreeMap::new();

@@ -11,9 +11,10 @@ use store::{JobState, LeaseState};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::Signed;
 use crate::lifecycle::{end_job, replica_ended};
+use crate::metrics::Metrics;
 use crate::money;
-use crate::state::{AppState, Metrics, now_us};
-use crate::views::lease_view;
+use crate::state::AppState;
+use crate::wire::lease_view;
 
 use super::AppStateRef;
 use super::agent::node_lease;
@@ -46,7 +47,7 @@ async fn check_record<T: trust::RecordBody>(
     if let Err(error) = trust::verify_record(&identity.key, node_id, record) {
         state
             .store
-            .record_evidence(Some(node_id), kind, &format!("lease {}", lease.id), now_us())
+            .record_evidence(Some(node_id), kind, &format!("lease {}", lease.id), state.now_us())
             .await?;
         return Err(error.into());
     }
@@ -80,7 +81,7 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
         true,
     )
     .await?;
-    let now = now_us();
+    let now = state.now_us();
     if body.sequence < 0 || body.gpu_seconds_milli < 0 || body.period_end_ms <= body.period_start_ms {
         return Err(ApiError::BadRequest(format!(
             "usage record: sequence and gpu_seconds_milli must not be negative, and the period must end after it starts \
@@ -123,7 +124,7 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
         period_end_ms: end_ms,
         ..usage_record(body)
     };
-    let gpus = crate::views::gpu_indices(lease.lease.gpu_mask);
+    let gpus = crate::wire::gpu_indices(lease.lease.gpu_mask);
     let telemetry = state.beats.utilisation_over(
         signed.node_id,
         &gpus,
@@ -264,7 +265,7 @@ pub async fn attest(State(state): AppStateRef, signed: Signed<SignedAttestation>
         false,
     )
     .await?;
-    let now = now_us();
+    let now = state.now_us();
     let stored = state
         .store
         .insert_attestation(&store::AttestationRow {

@@ -11,13 +11,14 @@ use model::Micros;
 use serde::Deserialize;
 use store::{FraudRow, Role};
 
+use crate::books::reputation::{NodeFacts, ProviderStanding};
 use crate::canaries;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{Auth, JsonBody, Path, Query, Signed};
 use crate::money;
-use crate::reputation::{self, NodeFacts};
-use crate::state::{AppState, Caller, now_us};
-use crate::views::reputation_view;
+use crate::reputation;
+use crate::state::{AppState, Caller};
+use crate::wire::reputation_view;
 
 use super::{AppStateRef, check_name, own_node, require};
 
@@ -57,7 +58,7 @@ fn fraud_view(row: &FraudRow) -> FraudView {
 
 /// A provider's standing now.
 pub(crate) async fn trust_view(state: &AppState, provider_id: i64) -> ApiResult<TrustView> {
-    let now = now_us();
+    let now = state.now_us();
     let records = state.store.nodes_of_provider(provider_id).await?;
     let standings = reputation::standings(state, &NodeFacts::all(&records), now).await?;
     let bond_micros = money::balance(&state.store, Account::ProviderBond(provider_id))
@@ -74,7 +75,7 @@ pub(crate) async fn trust_view(state: &AppState, provider_id: i64) -> ApiResult<
                 gpus_offered: 0,
             };
             let reputation = trust::rules::Reputation::default();
-            reputation::ProviderStanding {
+            ProviderStanding {
                 badge: trust::rules::badge(&reputation, &history, now / 1000),
                 reputation,
                 history,
@@ -191,7 +192,7 @@ pub async fn post_bond(
         caller.account_id,
         amount,
         format!("bond:provider-{}:{}", caller.account_id, request.key),
-        now_us(),
+        state.now_us(),
     )
     .map_err(money::ledger_error)?;
     match money::apply(&state.store, &transaction).await {
@@ -232,7 +233,7 @@ pub async fn admin_bond(
         provider,
         amount,
         format!("bond:provider-{provider}:{}", request.key),
-        now_us(),
+        state.now_us(),
     )
     .map_err(money::ledger_error)?;
     money::apply(&state.store, &transaction).await?;
@@ -291,7 +292,7 @@ pub async fn verify_node(
 ) -> ApiResult<(StatusCode, Json<CanaryView>)> {
     require(&caller, &[Role::Provider, Role::Admin])?;
     let node = own_node(&state, &caller, id).await?;
-    let now = now_us();
+    let now = state.now_us();
     if let Some(latest) = state.store.canaries_of_node(id, 1).await?.first() {
         if latest.finding.is_none() {
             return Err(ApiError::Conflict(format!(

@@ -10,7 +10,7 @@ use model::{
 };
 use store::{LeaseRecord, NodeRecord};
 
-use crate::reputation::Standings;
+use crate::books::reputation::Standings;
 
 pub struct FleetView {
     pub matcher: Matcher,
@@ -454,7 +454,7 @@ mod tests {
     use trust::rules::{NodeCanaries, Reputation};
 
     use super::*;
-    use crate::reputation::{NodeStanding, Standings};
+    use crate::books::reputation::{NodeStanding, Standings};
 
     fn record(id: i64, fraud_cordoned_at: Option<i64>) -> NodeRecord {
         NodeRecord {

@@ -1,0 +1,81 @@
+//! `/metrics` in the Prometheus text format: jobs by state, GPUs online and leased, decisions,
+//! heartbeats, leases and their latency, refused signatures and the ledger's totals.
+
+use std::fmt::Write;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+
+use crate::error::ApiResult;
+use crate::state::AppState;
+
+pub async fn metrics(State(state): State<Arc<AppState>>) -> ApiResult<impl IntoResponse> {
+    let mut out = String::new();
+    let metrics = &state.metrics;
+    let _ = writeln!(out, "# TYPE fallow_jobs gauge");
+    for (job_state, count) in state.store.job_counts().await? {
+        let _ = writeln!(out, "fallow_jobs{{state=\"{job_state}\"}} {count}");
+    }
+    let (leases, gpu_milli) = state.store.live_lease_totals().await?;
+    let nodes = state.store.nodes().await?;
+    let online: i64 = nodes
+        .iter()
+        .filter(|node| node.online)
+        .map(|node| node.node.gpu_count)
+        .sum();
+    let _ = writeln!(out, "# TYPE fallow_gpus gauge");
+    let _ = writeln!(out, "fallow_gpus{{state=\"online\"}} {online}");
+    let _ = writeln!(out, "fallow_gpus{{state=\"leased\"}} {}", gpu_milli as f64 / 1000.0);
+    let _ = writeln!(out, "# TYPE fallow_leases_live gauge\nfallow_leases_live {leases}");
+    for (name, counter) in [
+        ("fallow_jobs_submitted_total", &metrics.jobs_submitted),
+        ("fallow_decisions_total", &metrics.decisions),
+        ("fallow_placements_total", &metrics.placements),
+        ("fallow_heartbeats_total", &metrics.heartbeats),
+        ("fallow_leases_granted_total", &metrics.leases_granted),
+        ("fallow_leases_lost_total", &metrics.leases_lost),
+        ("fallow_leases_preempted_total", &metrics.leases_preempted),
+        ("fallow_usage_records_total", &metrics.usage_records),
+        ("fallow_signatures_refused_total", &metrics.signatures_refused),
+        ("fallow_reconcile_passes_total", &metrics.reconcile_passes),
+        ("fallow_view_rebuilds_total", &metrics.rebuilds),
+        ("fallow_view_conflicts_total", &metrics.view_conflicts),
+    ] {
+        let _ = writeln!(out, "# TYPE {name} counter\n{name} {}", counter.load(Ordering::Relaxed));
+    }
+    let _ = writeln!(
+        out,
+        "# TYPE fallow_decision_seconds_total counter\nfallow_decision_seconds_total {}",
+        metrics.decision_nanos.load(Ordering::Relaxed) as f64 / 1e9
+    );
+    metrics.lease_grant.render(
+        "fallow_lease_grant_seconds",
+        "From a job's submission to the grant of its leases (a requeued job counts from its first submission).",
+        &mut out,
+    );
+    metrics.lease_pickup.render(
+        "fallow_lease_pickup_seconds",
+        "From a lease's grant to its agent's first report on it (staging or running).",
+        &mut out,
+    );
+    let _ = writeln!(
+        out,
+        "# TYPE fallow_leader gauge\nfallow_leader {}",
+        metrics.is_leader.load(Ordering::Relaxed)
+    );
+    let (balances, entries) = state.store.ledger_totals().await?;
+    let _ = writeln!(out, "# TYPE fallow_ledger_sum_micros gauge");
+    let _ = writeln!(out, "fallow_ledger_sum_micros{{of=\"balances\"}} {balances}");
+    let _ = writeln!(out, "fallow_ledger_sum_micros{{of=\"entries\"}} {entries}");
+    for (account, label) in [("platform:fees", "platform_fees"), ("external", "external")] {
+        let _ = writeln!(
+            out,
+            "fallow_ledger_balance_micros{{account=\"{label}\"}} {}",
+            state.store.balance(account).await?
+        );
+    }
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out))
+}
