@@ -206,7 +206,7 @@ async fn prepare_database(url: &str) -> anyhow::Result<&'static str> {
         .await
         .with_context(|| format!("opening {url}"))?;
     let accounts = store.accounts().await.context("counting accounts")?;
-    let nodes = store.nodes_version().await.context("counting nodes")?.1;
+    let nodes = store.nodes_version().await.context("counting nodes")?.highest_id;
     store.close().await;
     if !accounts.is_empty() || nodes > 0 {
         bail!(

@@ -469,7 +469,10 @@ async fn check_billing(database: &Path, finished: &JobView, replicas: [&Replica;
     assert_eq!(finished.cost_micros, charged_micros, "the job's cost");
     assert_eq!(
         store.ledger_totals().await.expect("ledger totals"),
-        (0, 0),
+        store::LedgerTotals {
+            balances: 0,
+            entries: 0
+        },
         "the ledger balances"
     );
 }

@@ -1,9 +1,6 @@
 //! The matcher's in-memory state: node facts in a hot array, per-node load, the lease slab,
 //! job records, and the commit / release paths that keep the indexes in step.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use model::{
     GPU_MILLI_WHOLE, GPUS_PER_NODE_MAX, GpuCatalog, JobId, Lease, LeaseId, LeaseState, Node, NodeId, Tier, Timestamp,
     Topology,
@@ -141,31 +138,7 @@ pub(crate) struct JobRecord {
     pub leases: Vec<LeaseId>,
 }
 
-/// FNV-1a: a fixed, seedless hash, so that nothing depends on a random hasher seed. Maps are
-/// only looked up, never iterated, on decision paths.
-#[derive(Default)]
-pub(crate) struct Fnv(u64);
-
-impl Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        let mut hash = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
-        for byte in bytes {
-            hash ^= u64::from(*byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-        self.0 = hash;
-    }
-    fn write_u64(&mut self, value: u64) {
-        // One multiply-xorshift round: ids are dense, so this spreads them enough.
-        let mixed = (value ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        self.0 = mixed ^ (mixed >> 31);
-    }
-}
-
-pub(crate) type FixedMap<K, V> = HashMap<K, V, BuildHasherDefault<Fnv>>;
+pub(crate) use model::hash::FixedMap;
 
 /// The matching engine and everything it knows. Build it with [`Matcher::new`].
 pub struct Matcher {

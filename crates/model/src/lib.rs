@@ -2,6 +2,7 @@
 //! leases and money. Pure data and arithmetic: no IO, no clocks, no randomness.
 
 pub mod catalog;
+pub mod hash;
 pub mod ids;
 pub mod job;
 pub mod lease;

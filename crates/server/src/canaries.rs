@@ -167,8 +167,12 @@ pub async fn schedule(state: &AppState, step_us: i64, now: i64) -> ApiResult<()>
         let _turn = state.writer_turn().await;
         state.store.give_up_overdue_canaries(now).await?
     };
-    for (canary, node) in given_up {
-        tracing::info!(node, canary, "canary unanswered by its deadline");
+    for overdue in given_up {
+        tracing::info!(
+            node = overdue.node_id,
+            canary = overdue.canary_id,
+            "canary unanswered by its deadline"
+        );
     }
     let latest: HashMap<i64, CanaryRow> = state
         .store

@@ -22,7 +22,7 @@ pub struct FleetView {
     pub lease_of_store: HashMap<i64, LeaseId>,
     pub store_of_lease: HashMap<LeaseId, i64>,
     /// What the view was built from: `Store::nodes_version`.
-    pub version: (i64, i64),
+    pub version: store::NodesVersion,
     /// Per dense node, the reliability (ppm) and gold eligibility it was built with
     /// (`reputation::Standings::for_matcher`): the leader builds again when they move.
     pub trust: Vec<(u32, bool)>,
@@ -77,7 +77,7 @@ impl FleetView {
         records: Vec<NodeRecord>,
         leases: &[LeaseRecord],
         standings: &Standings,
-        version: (i64, i64),
+        version: store::NodesVersion,
         config: MatcherConfig,
     ) -> FleetView {
         let catalog = GpuCatalog::embedded();
@@ -450,13 +450,13 @@ pub fn runtime_set(names: &str) -> model::RuntimeSet {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use trust::rules::{NodeCanaries, Reputation};
 
     use super::*;
     use crate::books::reputation::{NodeStanding, Standings};
 
-    fn record(id: i64, fraud_cordoned_at: Option<i64>) -> NodeRecord {
+    pub(crate) fn record(id: i64, fraud_cordoned_at: Option<i64>) -> NodeRecord {
         NodeRecord {
             id,
             node: store::NewNode {
@@ -491,7 +491,7 @@ mod tests {
         }
     }
 
-    fn lease(id: i64, job_id: i64, node_id: i64, gpu_mask: i64, preempted_by: Option<i64>) -> LeaseRecord {
+    pub(crate) fn lease(id: i64, job_id: i64, node_id: i64, gpu_mask: i64, preempted_by: Option<i64>) -> LeaseRecord {
         LeaseRecord {
             id,
             job_id,
@@ -530,7 +530,7 @@ mod tests {
             vec![record(1, None)],
             &[victim, preemptor],
             &Standings::default(),
-            (0, 0),
+            store::NodesVersion::default(),
             MatcherConfig::default(),
         );
         assert_eq!(view.conflicts, Vec::new());
@@ -561,7 +561,7 @@ mod tests {
             vec![record(1, None)],
             &[first, second, elsewhere],
             &Standings::default(),
-            (0, 0),
+            store::NodesVersion::default(),
             MatcherConfig::default(),
         );
         let found: Vec<(i64, Vec<i64>, i64)> = view
@@ -597,7 +597,13 @@ mod tests {
         standings.nodes.insert(1, standing(90, true));
         standings.nodes.insert(2, standing(0, false));
         let records = vec![record(1, None), record(2, None), record(3, Some(5))];
-        let mut view = FleetView::build(records, &[], &standings, (0, 0), MatcherConfig::default());
+        let mut view = FleetView::build(
+            records,
+            &[],
+            &standings,
+            store::NodesVersion::default(),
+            MatcherConfig::default(),
+        );
         let nodes = view.matcher.nodes();
         assert_eq!(nodes[0].reliability_ppm, standings.nodes[&1].reputation.score_ppm());
         assert!(nodes[0].reliability_ppm >= 980_000, "{}", nodes[0].reliability_ppm);

@@ -8,7 +8,7 @@ use api::RefundView;
 use ledger::Account;
 use model::Micros;
 use serde_json::{Value, json};
-use store::{FraudRow, LeaseState, NodeRecord};
+use store::{EvidenceRow, FraudRow, LeaseState, NodeRecord};
 use trust::rules::{self, Evidence, Fraud, Outcome};
 
 use crate::books::fraud::Dropped;
@@ -51,8 +51,8 @@ pub async fn prove(
         .charges_on_node_since(node.id, since_us)
         .await?
         .into_iter()
-        .filter(|(_, charged)| *charged > 0)
-        .map(|(tenant, charged)| (tenant, Micros(charged)))
+        .filter(|charge| charge.charged_micros > 0)
+        .map(|charge| (charge.tenant_id, Micros(charge.charged_micros)))
         .collect();
     let key = format!("slash:node-{}:{}:{proof_key}", node.id, fraud.name());
     let plan =
@@ -123,7 +123,7 @@ async fn evidence_in_window(
     kinds: &[&str],
     window_us: i64,
     now: i64,
-) -> ApiResult<Vec<(i64, String, String, i64)>> {
+) -> ApiResult<Vec<EvidenceRow>> {
     let after_fraud = state
         .store
         .last_fraud_of_node(node)
@@ -137,24 +137,24 @@ async fn evidence_in_window(
     Ok(rows)
 }
 
-fn evidence_json(rows: &[(i64, String, String, i64)]) -> Vec<Value> {
+fn evidence_json(rows: &[EvidenceRow]) -> Vec<Value> {
     rows.iter()
-        .map(|(id, kind, detail, at)| {
+        .map(|row| {
             json!({
-                "evidence_id": id,
-                "kind": kind,
-                "at_us": at,
-                "detail": serde_json::from_str::<Value>(detail).unwrap_or_else(|_| Value::String(detail.clone())),
+                "evidence_id": row.id,
+                "kind": row.kind,
+                "at_us": row.at,
+                "detail": serde_json::from_str::<Value>(&row.detail).unwrap_or_else(|_| Value::String(row.detail.clone())),
             })
         })
         .collect()
 }
 
 /// The earliest lease the evidence names (its `lease_id`), for the refunds' period.
-async fn first_lease_start(state: &AppState, rows: &[(i64, String, String, i64)], fallback: i64) -> ApiResult<i64> {
+async fn first_lease_start(state: &AppState, rows: &[EvidenceRow], fallback: i64) -> ApiResult<i64> {
     let mut since = fallback;
-    for (_, _, detail, _) in rows {
-        let lease = serde_json::from_str::<Value>(detail)
+    for row in rows {
+        let lease = serde_json::from_str::<Value>(&row.detail)
             .ok()
             .and_then(|detail| detail["lease_id"].as_i64());
         if let Some(lease) = lease
@@ -191,14 +191,14 @@ async fn prove_by_count(state: &AppState, node: &NodeRecord, rule: CountRule, no
     let mut evidence = Evidence::default();
     let proven = rows
         .iter()
-        .map(|(_, _, _, at)| (rule.count)(&mut evidence, at / 1000))
+        .map(|row| (rule.count)(&mut evidence, row.at / 1000))
         .last()
         .flatten();
     let Some(fraud) = proven else { return Ok(None) };
-    let since = first_lease_start(state, &rows, rows[0].3).await?;
+    let since = first_lease_start(state, &rows, rows[0].at).await?;
     let mut decided = json!({"rule": format!("{} of {}: {}", fraud.section(), rules::POLICY_DOCUMENT, rule.rule)});
     decided[rule.listed] = Value::Array(evidence_json(&rows));
-    let key = format!("{}-{}", rule.key_prefix, rows[0].0);
+    let key = format!("{}-{}", rule.key_prefix, rows[0].id);
     prove(state, node, fraud, decided, since, key, now).await?;
     Ok(Some(fraud))
 }
@@ -290,7 +290,7 @@ pub async fn absence(state: &AppState, node: &NodeRecord, last_heard: i64, now: 
         .await?;
     let window_us = rules::ABSENCE_WINDOW_MS * 1000;
     let rows = evidence_in_window(state, node.id, &["window_absence"], window_us, now).await?;
-    let since = (now - window_us).max(rows.first().map_or(now, |row| row.3) - window_us);
+    let since = (now - window_us).max(rows.first().map_or(now, |row| row.at) - window_us);
     let mut hours_milli = 0;
     for outcome in [Outcome::WindowHourPresent, Outcome::WindowHourMissed] {
         hours_milli += state.store.outcome_weight_since(node.id, outcome.name(), since).await?;
@@ -319,8 +319,8 @@ pub async fn absence(state: &AppState, node: &NodeRecord, last_heard: i64, now: 
         node,
         Fraud::MissedWindows,
         evidence,
-        rows[0].3,
-        format!("absence-{}", rows[0].0),
+        rows[0].at,
+        format!("absence-{}", rows[0].id),
         now,
     )
     .await?;

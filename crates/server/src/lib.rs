@@ -9,6 +9,7 @@ mod canaries;
 mod clock;
 mod config;
 mod dashboard;
+mod decide;
 mod error;
 mod extract;
 mod fleet;
@@ -23,6 +24,7 @@ pub mod reconcile;
 mod reputation;
 mod routes;
 mod state;
+mod usage;
 mod wire;
 
 use std::net::SocketAddr;
@@ -269,6 +271,15 @@ pub const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs
 
 /// Opens the store, bootstraps the admin, binds, and starts the API and the reconcile loop.
 pub async fn start(database_url: &str, config: Config) -> anyhow_like::Result<Running> {
+    start_with_clock(database_url, config, Arc::new(SystemClock)).await
+}
+
+/// As [`start`], with the coordinator's time from `clock` (a test's `ManualClock`).
+pub async fn start_with_clock(
+    database_url: &str,
+    config: Config,
+    clock: Arc<dyn Clock>,
+) -> anyhow_like::Result<Running> {
     std::fs::create_dir_all(&config.data_dir)?;
     let store = Store::open(database_url).await?;
     if let Some(path) = bootstrap_admin(&store, &config.data_dir).await? {
@@ -280,7 +291,7 @@ pub async fn start(database_url: &str, config: Config) -> anyhow_like::Result<Ru
     }
     let listener = tokio::net::TcpListener::bind(&config.listen).await?;
     let addr = listener.local_addr()?;
-    let state = Arc::new(AppState::new(store, config));
+    let state = Arc::new(AppState::with_clock(store, config, clock));
     let (shutdown, watch) = tokio::sync::watch::channel(false);
     let mut serve_watch = watch.clone();
     let app = router(state.clone());

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ledger::Account;
-use matcher::Placement;
-use model::{GpuCatalog, Micros, Tier};
+use model::{Micros, Tier};
 use store::{JobState, LeaseState, NewLease, PlacementWrite};
 use trust::rules::Outcome;
 
 use crate::books::reputation::NodeFacts;
 use crate::config::{RECONCILE_JOBS_MAX, micros_of_ms};
+use crate::decide::{Pending, Repair, Rules, decide, decide_repair};
 use crate::error::ApiError;
 use crate::fleet::FleetView;
 use crate::lifecycle::{end_preempted, lose_leases_of_node, restart_jobs, settle_job, why_preempted};
@@ -241,9 +241,9 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
     if !changes.is_empty() {
         let mut view = state.view.lock().await;
         let view = view.as_mut().expect("built above");
-        for (node, online, at) in changes {
-            view.set_online(node, online);
-            cursor.online_since = cursor.online_since.max(at);
+        for change in changes {
+            view.set_online(change.node_id, change.online);
+            cursor.online_since = cursor.online_since.max(change.changed_at);
         }
     }
     // Whatever was stamped before `now` is read by now, or committed within the overlap.
@@ -269,9 +269,9 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
     if !ended.is_empty() {
         let mut view = state.view.lock().await;
         let view = view.as_mut().expect("built above");
-        for (lease, at) in &ended {
-            view.release(*lease);
-            cursor.ended_since = cursor.ended_since.max(*at);
+        for lease in &ended {
+            view.release(lease.lease_id);
+            cursor.ended_since = cursor.ended_since.max(lease.ended_at);
         }
         // A node cordoned for a conflict may be free of it now.
         view.stale |= !view.conflicts.is_empty();
@@ -373,8 +373,8 @@ async fn over_limits(state: &AppState, cursor: &mut Cursor, now: i64) -> Result<
     if !changes.is_empty() {
         let mut view = state.view.lock().await;
         let view = view.as_mut().expect("built above");
-        for (node, since, _) in changes {
-            view.set_over_limit(node, since);
+        for change in changes {
+            view.set_over_limit(change.node_id, change.over_limit_since);
         }
     }
     cursor.over_limit_since = cursor.over_limit_since.max(now);
@@ -450,37 +450,18 @@ async fn repair_gang(state: &AppState, job_id: i64, lost: &[model::Lease], now: 
     if lost.is_empty() || job.state != JobState::Running {
         return Ok(false);
     }
-    let now_s = now / 1_000_000;
-    let catalog = GpuCatalog::embedded();
-    let (writes, victims_due) = {
+    let repair = {
         let mut guard = state.view.lock().await;
         let Some(view) = guard.as_mut() else { return Ok(false) };
-        let request = crate::wire::job_request(&job);
-        let Ok(spec) = request.to_spec(job.id, job.tenant_id, job.submitted_at / 1_000_000, |name| {
-            view.region(name)
-        }) else {
+        let Some(repair) = decide_repair(view, &job, lost, now) else {
             return Ok(false);
         };
-        if spec.replicas < 2 || view.matcher.job_leases(spec.id).is_empty() {
-            return Ok(false);
-        }
-        let Ok(plan) = view.matcher.plan_repair(&spec, lost, now_s) else {
-            return Ok(false);
-        };
-        let victims = victim_leases(view, &plan.victims);
-        let Ok(committed) = view.matcher.commit_repair(&plan) else {
-            return Ok(false);
-        };
-        let victims_due = take_victims(view, &victims, job_id, now);
-        let leases = new_leases(view, &plan.placement, &committed, &spec, catalog, now);
-        (
-            leases
-                .into_iter()
-                .zip(committed.iter().map(|lease| lease.id))
-                .collect::<Vec<_>>(),
-            victims_due,
-        )
+        repair
     };
+    let Repair {
+        leases: writes,
+        victims: victims_due,
+    } = repair;
     let (new, ids): (Vec<NewLease>, Vec<model::LeaseId>) = writes.into_iter().unzip();
     let fence = state.fence.load(std::sync::atomic::Ordering::SeqCst);
     let records = match state.store.add_leases(job_id, &new, &victims_due, now, fence).await {
@@ -507,59 +488,9 @@ async fn repair_gang(state: &AppState, job_id: i64, lost: &[model::Lease], now: 
     Ok(true)
 }
 
-struct Pending {
-    submitted_at: i64,
-    matcher_job: model::JobId,
-    matcher_leases: Vec<model::LeaseId>,
-    /// Whether the placement preempts: the matcher let its victims go.
-    preempts: bool,
-}
-
-/// A plan's victims as the matcher held them, read before the plan commits (which releases
-/// them).
-fn victim_leases(view: &FleetView, victims: &[matcher::Victim]) -> Vec<(matcher::Victim, Option<model::Lease>)> {
-    victims
-        .iter()
-        .map(|victim| (victim.clone(), view.matcher.lease(victim.lease).cloned()))
-        .collect()
-}
-
-/// The store leases of a committed plan's victims, each with the end of its grace period. The
-/// matcher released them whole; what their preemptor (`job`) does not hold stays held until they
-/// end (`FleetView::hold_victim`).
-fn take_victims(
-    view: &mut FleetView,
-    victims: &[(matcher::Victim, Option<model::Lease>)],
-    job: i64,
-    now: i64,
-) -> Vec<store::Victim> {
-    let mut out = Vec::with_capacity(victims.len());
-    for (victim, lease) in victims {
-        let Some(store_lease) = view.store_of_lease.remove(&victim.lease) else {
-            continue;
-        };
-        view.lease_of_store.remove(&store_lease);
-        if let Some(lease) = lease {
-            let hold = crate::fleet::VictimHold {
-                node: lease.node,
-                gpu_mask: lease.gpu_mask,
-                gpu_milli: lease.gpu_milli,
-                by_job: job,
-            };
-            if let Err(error) = view.hold_victim(store_lease, hold) {
-                // Released GPUs always fit; a failure is a bug, and the next view finds it.
-                tracing::error!(lease = store_lease, %error, "a victim's other GPUs could not be held");
-                view.stale = true;
-            }
-        }
-        out.push(store::Victim {
-            lease_id: store_lease,
-            preempt_at: now + i64::from(victim.grace_s) * 1_000_000,
-        });
-    }
-    out
-}
-
+/// Places queued jobs: prefetch (the queued jobs, their tenants' balances) → `decide::decide`,
+/// pure, over the view → write (placements in group-committed transactions of
+/// `PLACEMENTS_PER_COMMIT_MAX`, then the reasons of jobs that wait, where they changed).
 async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, String>) -> Result<(), ApiError> {
     let mut queued = state.store.jobs_in_states(&[JobState::Queued]).await?;
     if queued.is_empty() {
@@ -567,123 +498,50 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
     }
     queued.sort_by_key(|job| (Tier::parse(&job.tier).map_or(3, |tier| tier as u8), job.id));
     queued.truncate(RECONCILE_JOBS_MAX);
-    let now_s = now / 1_000_000;
-    let catalog = GpuCatalog::embedded();
     let mut balances: HashMap<i64, Micros> = HashMap::new();
-    let mut writes = Vec::new();
-    let mut pending = Vec::new();
-    let mut reason_updates = Vec::new();
-    {
-        let mut guard = state.view.lock().await;
-        let view = guard.as_mut().expect("built before placing");
-        view.matcher.advance_clock(now_s);
-        for job in &queued {
-            let request = crate::wire::job_request(job);
-            let spec = match request.to_spec(job.id, job.tenant_id, job.submitted_at / 1_000_000, |name| {
-                view.region(name)
-            }) {
-                Ok(spec) => spec,
-                Err(error) => {
-                    reason_updates.push((job.id, format!("invalid spec: {error}")));
-                    continue;
-                }
-            };
-            let available = match balances.get(&job.tenant_id) {
-                Some(balance) => *balance,
-                None => {
-                    let balance = Micros(
-                        state
-                            .store
-                            .balance(&Account::TenantAvailable(job.tenant_id).key())
-                            .await?,
-                    );
-                    balances.insert(job.tenant_id, balance);
-                    balance
-                }
-            };
-            if available.0 <= 0 {
-                reason_updates.push((job.id, "waiting: the tenant's balance is $0; add credit".to_string()));
-                continue;
-            }
-            let decided = Instant::now();
-            let planned = view.matcher.plan(&spec, now_s);
-            let (placement, victims) = match planned {
-                Ok(placement) => (placement, Vec::new()),
-                Err(unplaced) if spec.tier != Tier::Bronze => match view.matcher.plan_preemption(&spec, now_s) {
-                    Ok(plan) => (plan.placement.clone(), plan.victims.clone()),
-                    Err(_) => {
-                        reason_updates.push((job.id, waiting(state, &spec, &unplaced)));
-                        continue;
-                    }
-                },
-                Err(unplaced) => {
-                    reason_updates.push((job.id, waiting(state, &spec, &unplaced)));
-                    continue;
-                }
-            };
-            Metrics::add(&state.metrics.decisions, 1);
-            let gpu_milli_total: u64 = placement
-                .leases
-                .iter()
-                .map(|lease| u64::from(lease.gpu_milli_total()))
-                .sum();
-            let wanted = ledger::hold_amount(spec.max_price, gpu_milli_total.max(1), u64::from(spec.max_runtime_s))
-                .unwrap_or(available);
-            let hold = match ledger::hold(
-                job.tenant_id,
-                job.id,
-                wanted,
-                available,
-                format!("hold:job-{}", job.id),
-                now,
-            ) {
-                Ok(hold) => hold,
-                Err(error) => {
-                    reason_updates.push((job.id, format!("waiting: {error}")));
-                    continue;
-                }
-            };
-            let victims = victim_leases(view, &victims);
-            let committed = if victims.is_empty() {
-                view.matcher.commit(&placement)
-            } else {
-                let plan = matcher::PreemptionPlan {
-                    placement: placement.clone(),
-                    victims: victims.iter().map(|(victim, _)| victim.clone()).collect(),
-                };
-                view.matcher.commit_preemption(&plan)
-            };
-            let committed = match committed {
-                Ok(leases) => leases,
-                Err(error) => {
-                    tracing::error!(job = job.id, %error, "a fresh plan did not commit");
-                    continue;
-                }
-            };
-            Metrics::add(&state.metrics.decision_nanos, decided.elapsed().as_nanos() as u64);
-            let victims = take_victims(view, &victims, job.id, now);
-            let held = hold
-                .entries
-                .iter()
-                .find(|entry| matches!(entry.account, Account::Escrow(_)))
-                .map_or(0, |entry| entry.amount.0);
-            balances.insert(job.tenant_id, Micros(available.0 - held));
-            let leases = new_leases(view, &placement, &committed, &spec, catalog, now);
-            pending.push(Pending {
-                submitted_at: job.submitted_at,
-                matcher_job: spec.id,
-                matcher_leases: committed.iter().map(|lease| lease.id).collect(),
-                preempts: !victims.is_empty(),
-            });
-            writes.push(PlacementWrite {
-                job_id: job.id,
-                leases,
-                hold: Some(crate::money::row(&hold)),
-                victims,
-            });
-            reasons.remove(&job.id);
+    for job in &queued {
+        if let std::collections::hash_map::Entry::Vacant(entry) = balances.entry(job.tenant_id) {
+            let key = Account::TenantAvailable(job.tenant_id).key();
+            entry.insert(Micros(state.store.balance(&key).await?));
         }
     }
+    let rules = Rules {
+        gold_needs_badge: state.config.gold_needs_badge,
+    };
+    let decisions = {
+        let mut guard = state.view.lock().await;
+        let view = guard.as_mut().expect("built before placing");
+        let started = Instant::now();
+        let decisions = decide(view, &queued, &balances, rules, now);
+        Metrics::add(&state.metrics.decision_nanos, started.elapsed().as_nanos() as u64);
+        decisions
+    };
+    Metrics::add(&state.metrics.decisions, decisions.plans);
+    for pending in &decisions.pending {
+        reasons.remove(&pending.job_id);
+    }
+    write_placements(state, decisions.writes, decisions.pending, now).await?;
+    let mut reason_updates = decisions.waiting;
+    reason_updates.retain(|(job, reason)| reasons.get(job) != Some(reason));
+    if !reason_updates.is_empty() {
+        {
+            let _turn = state.writer_turn().await;
+            state.store.set_queued_reasons(&reason_updates, now).await?;
+        }
+        reasons.extend(reason_updates);
+    }
+    Ok(())
+}
+
+/// Writes decided placements, a transaction per `PLACEMENTS_PER_COMMIT_MAX`, and records their
+/// leases in the view; a placement refused or not written is released from the matcher again
+/// (and the view rebuilt when it preempted: its victims run on). A fenced write ends the pass.
+async fn write_placements(
+    state: &AppState,
+    writes: Vec<PlacementWrite>,
+    pending: Vec<Pending>,
+    now: i64,
+) -> Result<(), ApiError> {
     for (writes, pending) in writes
         .chunks(PLACEMENTS_PER_COMMIT_MAX)
         .zip(pending.chunks(PLACEMENTS_PER_COMMIT_MAX))
@@ -730,78 +588,5 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
             }
         }
     }
-    reason_updates.retain(|(job, reason)| reasons.get(job) != Some(reason));
-    if !reason_updates.is_empty() {
-        {
-            let _turn = state.writer_turn().await;
-            state.store.set_queued_reasons(&reason_updates, now).await?;
-        }
-        reasons.extend(reason_updates);
-    }
     Ok(())
-}
-
-/// Why a job waits, in words: the matcher's account, and for gold work the rule that narrows
-/// where it may go.
-fn waiting(state: &AppState, spec: &model::JobSpec, unplaced: &impl std::fmt::Display) -> String {
-    if spec.tier == Tier::Gold && state.config.gold_needs_badge {
-        format!(
-            "waiting: {unplaced}; gold work goes only to nodes of gold-badge providers whose last canary passed \
-             (docs/trust-policy.md § 2)"
-        )
-    } else {
-        format!("waiting: {unplaced}")
-    }
-}
-
-fn new_leases(
-    view: &FleetView,
-    placement: &Placement,
-    committed: &[model::Lease],
-    spec: &model::JobSpec,
-    catalog: &GpuCatalog,
-    now: i64,
-) -> Vec<NewLease> {
-    committed
-        .iter()
-        .map(|lease| {
-            let node = &view.matcher.nodes()[lease.node.index()];
-            NewLease {
-                replica: i64::from(lease.replica),
-                node_id: view.node_ids[lease.node.index()],
-                gpu_mask: i64::from(lease.gpu_mask),
-                gpu_milli: i64::from(lease.gpu_milli),
-                cpu_milli: i64::from(lease.cpu_milli),
-                memory_mib: lease.memory_mib as i64,
-                price_micros: lease.price.0,
-                tier: spec.tier.name().to_string(),
-                gpu_model: catalog.spec(node.gpu_model).name.clone(),
-                region: view.matcher.topology().region_name(node.path.region).to_string(),
-                expected_end: now + i64::from(spec.max_runtime_s) * 1_000_000,
-                preempt_at: preempt_at(node, placement, spec, now, view.matcher.config().preemption_grace_s),
-            }
-        })
-        .collect()
-}
-
-/// When an interruptible lease must stop: before a reservation takes its GPUs, or when the
-/// provider's availability window closes (SIGTERM a grace period before the end, so the node is
-/// free when the window ends). Gold and silver only go where the window covers their runtime.
-fn preempt_at(node: &model::Node, placement: &Placement, spec: &model::JobSpec, now: i64, grace_s: u32) -> Option<i64> {
-    let reservation = placement.preempt_at.map(|at| at * 1_000_000);
-    if !spec.interruptible() {
-        return reservation;
-    }
-    let grace_us = i64::from(grace_s) * 1_000_000;
-    let expected_end = now + i64::from(spec.max_runtime_s) * 1_000_000;
-    let window_end = node
-        .policy
-        .available_until(now / 1_000_000)
-        .filter(|end| *end != i64::MAX)
-        .map(|end| (end * 1_000_000 - grace_us).max(now))
-        .filter(|at| *at < expected_end);
-    match (reservation, window_end) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
 }

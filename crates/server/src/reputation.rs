@@ -25,16 +25,16 @@ pub async fn catch_up(state: &AppState) -> Result<(), ApiError> {
     let mut since = book.cursor_us().saturating_sub(OVERLAP_US);
     loop {
         let rows = state.store.outcomes_since(since, OUTCOMES_PER_READ_MAX).await?;
-        for (id, node, name, weight_milli, at) in &rows {
-            book.apply(*id, *node, name, *weight_milli, *at);
-            book.read_until(*at);
+        for row in &rows {
+            book.apply(row.id, row.node_id, &row.outcome, row.weight_milli, row.at);
+            book.read_until(row.at);
         }
         if (rows.len() as i64) < OUTCOMES_PER_READ_MAX {
             break;
         }
         // A full page: go on from its last microsecond (read again, applied once), or past it
         // when the whole page shares that microsecond.
-        let (first, last) = (rows[0].4, rows[rows.len() - 1].4);
+        let (first, last) = (rows[0].at, rows[rows.len() - 1].at);
         since = if first == last { last + 1 } else { last };
     }
     let cursor = book.cursor_us();
@@ -51,16 +51,17 @@ pub async fn standings(state: &AppState, nodes: &[NodeFacts], now_us: i64) -> Re
         .canary_standings()
         .await?
         .into_iter()
-        .map(|(node, finding, finished_at, unanswered)| {
-            let last_answered = finding
+        .map(|standing| {
+            let last_answered = standing
+                .finding
                 .as_deref()
                 .and_then(CanaryFinding::parse)
-                .zip(finished_at.map(|at| at / 1000));
+                .zip(standing.finished_at.map(|at| at / 1000));
             (
-                node,
+                standing.node_id,
                 NodeCanaries {
                     last_answered,
-                    unanswered_since: u32::try_from(unanswered).unwrap_or(u32::MAX),
+                    unanswered_since: u32::try_from(standing.unanswered).unwrap_or(u32::MAX),
                     fingerprint_changed_ms: None,
                 },
             )
@@ -71,12 +72,18 @@ pub async fn standings(state: &AppState, nodes: &[NodeFacts], now_us: i64) -> Re
         .balances("provider:")
         .await?
         .into_iter()
-        .filter_map(|(key, balance)| match Account::parse(&key) {
-            Ok(Account::ProviderBond(provider)) => Some((provider, balance)),
+        .filter_map(|row| match Account::parse(&row.account) {
+            Ok(Account::ProviderBond(provider)) => Some((provider, row.balance)),
             _ => None,
         })
         .collect();
-    let frauds: HashMap<i64, i64> = state.store.last_frauds_of_providers().await?.into_iter().collect();
+    let frauds: HashMap<i64, i64> = state
+        .store
+        .last_frauds_of_providers()
+        .await?
+        .into_iter()
+        .map(|fraud| (fraud.provider_id, fraud.decided_at))
+        .collect();
     let mut by_provider: BTreeMap<i64, Vec<&NodeFacts>> = BTreeMap::new();
     for record in nodes {
         by_provider.entry(record.provider_id).or_default().push(record);

@@ -657,10 +657,10 @@ async fn a_replica_exiting_zero_in_its_grace_is_preempted_and_both_jobs_say_why(
             let waits = h.running.state.store.run_waits_since(0, 100).await.expect("waits");
             let gold_wait = waits
                 .iter()
-                .find(|(tier, _, _)| tier == "gold")
+                .find(|wait| wait.tier == "gold")
                 .expect("the gold job's wait");
             assert_eq!(
-                gold_wait.2,
+                gold_wait.first_run_at,
                 Some(ran_at),
                 "{}: the wait ends at the first run",
                 h.backend

@@ -312,8 +312,12 @@ async fn check(h: &Harness, history: &History, before: i64) {
             job.id
         );
     }
-    let (balances, entries) = state.store.ledger_totals().await.expect("ledger totals");
-    assert_eq!((balances, entries), (0, 0), "the ledger does not balance\n{context}");
+    let totals = state.store.ledger_totals().await.expect("ledger totals");
+    assert_eq!(
+        (totals.balances, totals.entries),
+        (0, 0),
+        "the ledger does not balance\n{context}"
+    );
 }
 
 async fn history(h: &Harness, seed: u64, steps: u64) {

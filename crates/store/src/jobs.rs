@@ -7,8 +7,8 @@ use sqlx::any::AnyRow;
 
 use crate::accounts::is_unique_violation;
 use crate::{
-    JobRecord, JobState, LeaseMove, LeaseRecord, LeaseState, LedgerTransactionRow, NewJob, NewLease, Overbooking,
-    Result, Store, StoreError, Victim,
+    JobCount, JobRecord, JobState, LeaseMove, LeaseRecord, LeaseState, LedgerTransactionRow, LiveLeaseTotals, NewJob,
+    NewLease, Overbooking, Result, Store, StoreError, Victim,
 };
 
 const JOB_COLUMNS: &str = "id, tenant_id, client_token, spec, tier, state, state_reason, submitted_at, updated_at";
@@ -48,7 +48,7 @@ fn lease_from(row: &AnyRow) -> Result<LeaseRecord> {
             preempt_at: row.try_get("preempt_at")?,
         },
         epoch: row.try_get("epoch")?,
-        state: LeaseState::decode(row.try_get::<&str, _>("state")?)?,
+        state: crate::rows::decode_lease_state(row.try_get::<&str, _>("state")?)?,
         created_at: row.try_get("created_at")?,
         ended_at: row.try_get("ended_at")?,
         end_reason: row.try_get("end_reason")?,
@@ -161,16 +161,16 @@ impl Store {
     }
 
     /// Counts jobs per state.
-    pub async fn job_counts(&self) -> Result<Vec<(JobState, i64)>> {
+    pub async fn job_counts(&self) -> Result<Vec<JobCount>> {
         let rows = sqlx::query("SELECT state, COUNT(*) AS count FROM jobs GROUP BY state ORDER BY state")
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
             .map(|row| {
-                Ok((
-                    JobState::decode(row.try_get::<&str, _>("state")?)?,
-                    row.try_get("count")?,
-                ))
+                Ok(JobCount {
+                    state: JobState::decode(row.try_get::<&str, _>("state")?)?,
+                    jobs: row.try_get("count")?,
+                })
             })
             .collect()
     }
@@ -393,7 +393,7 @@ impl Store {
     }
 
     /// Counts live leases and the GPUs (thousandths) they hold.
-    pub async fn live_lease_totals(&self) -> Result<(i64, i64)> {
+    pub async fn live_lease_totals(&self) -> Result<LiveLeaseTotals> {
         let rows =
             sqlx::query("SELECT gpu_mask, gpu_milli FROM leases WHERE state IN ('pending', 'staging', 'running')")
                 .fetch_all(&self.pool)
@@ -404,7 +404,10 @@ impl Store {
             let share: i64 = row.try_get("gpu_milli")?;
             milli += i64::from(mask.count_ones() as u16) * share;
         }
-        Ok((rows.len() as i64, milli))
+        Ok(LiveLeaseTotals {
+            leases: rows.len() as i64,
+            gpu_milli: milli,
+        })
     }
 }
 

@@ -4,7 +4,7 @@
 
 use sqlx::Row;
 
-use crate::{LedgerTransactionRow, Result, Store, StoreError};
+use crate::{AccountBalance, LedgerEntry, LedgerTotals, LedgerTransactionRow, Result, Store, StoreError};
 
 /// What applying a ledger transaction did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +20,16 @@ fn encode_entries(entries: &[(String, i64)]) -> String {
         .map(|(account, amount)| format!("{account}={amount}"))
         .collect::<Vec<_>>()
         .join(";")
+}
+
+fn ledger_entry_from(row: &sqlx::any::AnyRow) -> Result<LedgerEntry> {
+    Ok(LedgerEntry {
+        tx_key: row.try_get("tx_key")?,
+        kind: row.try_get("kind")?,
+        account: row.try_get("account")?,
+        amount: row.try_get("amount")?,
+        at: row.try_get("at")?,
+    })
 }
 
 impl Store {
@@ -55,18 +65,23 @@ impl Store {
     }
 
     /// Every balance whose account key starts with `prefix`, in key order.
-    pub async fn balances(&self, prefix: &str) -> Result<Vec<(String, i64)>> {
+    pub async fn balances(&self, prefix: &str) -> Result<Vec<AccountBalance>> {
         let rows = sqlx::query("SELECT account, balance FROM ledger_balances WHERE account LIKE $1 ORDER BY account")
             .bind(format!("{prefix}%"))
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
-            .map(|row| Ok((row.try_get("account")?, row.try_get("balance")?)))
+            .map(|row| {
+                Ok(AccountBalance {
+                    account: row.try_get("account")?,
+                    balance: row.try_get("balance")?,
+                })
+            })
             .collect()
     }
 
     /// The sum of all balances and the sum of all entries: both zero in a sound ledger.
-    pub async fn ledger_totals(&self) -> Result<(i64, i64)> {
+    pub async fn ledger_totals(&self) -> Result<LedgerTotals> {
         let balances = sqlx::query("SELECT CAST(COALESCE(SUM(balance), 0) AS BIGINT) AS total FROM ledger_balances")
             .fetch_one(&self.pool)
             .await?
@@ -75,41 +90,32 @@ impl Store {
             .fetch_one(&self.pool)
             .await?
             .try_get("total")?;
-        Ok((balances, entries))
+        Ok(LedgerTotals { balances, entries })
     }
 
-    /// An account's entries, newest first: (transaction key, kind, amount, at).
-    pub async fn ledger_entries_of(&self, account: &str, limit: i64) -> Result<Vec<(String, String, i64, i64)>> {
+    /// An account's entries, newest first.
+    pub async fn ledger_entries_of(&self, account: &str, limit: i64) -> Result<Vec<LedgerEntry>> {
         let rows = sqlx::query(
-            "SELECT e.tx_key, t.kind, e.amount, e.at FROM ledger_entries e JOIN ledger_transactions t ON t.key = e.tx_key \
+            "SELECT e.tx_key, t.kind, e.account, e.amount, e.at FROM ledger_entries e JOIN ledger_transactions t ON t.key = e.tx_key \
              WHERE e.account = $1 ORDER BY e.id DESC LIMIT $2",
         )
         .bind(account)
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    row.try_get("tx_key")?,
-                    row.try_get("kind")?,
-                    row.try_get("amount")?,
-                    row.try_get("at")?,
-                ))
-            })
-            .collect()
+        rows.iter().map(ledger_entry_from).collect()
     }
 
     /// A tenant's entries at or after `from` and before `to`, oldest first: those on its
     /// `available` account and on the escrow accounts of its jobs (`escrow_prefix` and the job
-    /// id), as (transaction key, kind, account, amount, at).
+    /// id).
     pub async fn tenant_entries_between(
         &self,
         tenant: i64,
         available: &str,
         escrow_prefix: &str,
         (from, to): (i64, i64),
-    ) -> Result<Vec<(String, String, String, i64, i64)>> {
+    ) -> Result<Vec<LedgerEntry>> {
         let rows = sqlx::query(
             "SELECT e.tx_key, t.kind, e.account, e.amount, e.at FROM ledger_entries e \
              JOIN ledger_transactions t ON t.key = e.tx_key \
@@ -123,17 +129,7 @@ impl Store {
         .bind(tenant)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    row.try_get("tx_key")?,
-                    row.try_get("kind")?,
-                    row.try_get("account")?,
-                    row.try_get("amount")?,
-                    row.try_get("at")?,
-                ))
-            })
-            .collect()
+        rows.iter().map(ledger_entry_from).collect()
     }
 
     /// Sum of an account's entries of one transaction kind since `since` (e.g. earnings per day).

@@ -17,6 +17,8 @@ use sqlx::{AnyConnection, AnyPool, Connection, Row};
 
 pub use jobs::{JobEnd, PlacementWrite};
 pub use ledger::LedgerOutcome;
+/// The lease states are the model's: one enum from the matcher to the database.
+pub use model::LeaseState;
 pub use rows::*;
 pub use trust::{CanaryRow, FraudRow, NewCanary};
 

@@ -5,7 +5,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::accounts::is_unique_violation;
-use crate::{Heartbeat, NewNode, NodeRecord, Result, Store, StoreError};
+use crate::{Heartbeat, NewNode, NodeRecord, NodesVersion, OnlineChange, OverLimitChange, Result, Store, StoreError};
 
 /// Heartbeats per `UPDATE` (four parameters each; SQLite allows 32,766 in a statement).
 const HEARTBEATS_PER_STATEMENT_MAX: usize = 512;
@@ -129,7 +129,7 @@ impl Store {
     /// The highest `updated_at` and the highest id over all nodes: the matcher rebuilds
     /// when either changes (a registration, a policy, a fingerprint or the datasets held, not
     /// a node going on or off line: see `online_changes_since`).
-    pub async fn nodes_version(&self) -> Result<(i64, i64)> {
+    pub async fn nodes_version(&self) -> Result<NodesVersion> {
         // Two single-aggregate subqueries, so each is one index lookup (nodes are never deleted:
         // the highest id stands for the count).
         let row = sqlx::query(
@@ -138,7 +138,10 @@ impl Store {
         )
         .fetch_one(&self.pool)
         .await?;
-        Ok((row.try_get("version")?, row.try_get("count")?))
+        Ok(NodesVersion {
+            updated_at: row.try_get("version")?,
+            highest_id: row.try_get("count")?,
+        })
     }
 
     /// Replaces a node's policy (JSON); false when the node does not exist.
@@ -333,8 +336,8 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Nodes whose over-limit state changed at or after `since`: (id, over since, changed at).
-    pub async fn over_limit_changes_since(&self, since: i64) -> Result<Vec<(i64, Option<i64>, i64)>> {
+    /// Nodes whose over-limit state changed at or after `since`.
+    pub async fn over_limit_changes_since(&self, since: i64) -> Result<Vec<OverLimitChange>> {
         let rows = sqlx::query(
             "SELECT id, over_limit_since, over_limit_changed_at FROM nodes \
              WHERE over_limit_changed_at >= $1 ORDER BY over_limit_changed_at, id",
@@ -344,11 +347,11 @@ impl Store {
         .await?;
         rows.iter()
             .map(|row| {
-                Ok((
-                    row.try_get("id")?,
-                    row.try_get("over_limit_since")?,
-                    row.try_get("over_limit_changed_at")?,
-                ))
+                Ok(OverLimitChange {
+                    node_id: row.try_get("id")?,
+                    over_limit_since: row.try_get("over_limit_since")?,
+                    changed_at: row.try_get("over_limit_changed_at")?,
+                })
             })
             .collect()
     }
@@ -364,8 +367,8 @@ impl Store {
         rows.iter().map(|row| Ok(row.try_get("id")?)).collect()
     }
 
-    /// Nodes whose online state changed at or after `since`: (id, online, changed at).
-    pub async fn online_changes_since(&self, since: i64) -> Result<Vec<(i64, bool, i64)>> {
+    /// Nodes whose online state changed at or after `since`.
+    pub async fn online_changes_since(&self, since: i64) -> Result<Vec<OnlineChange>> {
         let rows = sqlx::query(
             "SELECT id, online, online_changed_at FROM nodes WHERE online_changed_at >= $1 ORDER BY online_changed_at, id",
         )
@@ -374,11 +377,11 @@ impl Store {
         .await?;
         rows.iter()
             .map(|row| {
-                Ok((
-                    row.try_get("id")?,
-                    row.try_get::<i64, _>("online")? != 0,
-                    row.try_get("online_changed_at")?,
-                ))
+                Ok(OnlineChange {
+                    node_id: row.try_get("id")?,
+                    online: row.try_get::<i64, _>("online")? != 0,
+                    changed_at: row.try_get("online_changed_at")?,
+                })
             })
             .collect()
     }

@@ -4,7 +4,10 @@
 use sqlx::Row;
 
 use crate::accounts::is_unique_violation;
-use crate::{AttestationRow, EvidenceRow, LeaseEvent, LogChunk, PricePoint, Result, Store, UsageRow};
+use crate::{
+    AttestationRow, EndedLease, EvidenceRow, JobUsage, LeaseEvent, LeaseProgress, LogChunk, NodeOutcome, PricePoint,
+    Result, RunWait, Store, TierCount, UsageCharge, UsageRow,
+};
 
 fn usage_from(row: &sqlx::any::AnyRow) -> Result<UsageRow> {
     Ok(UsageRow {
@@ -194,8 +197,8 @@ impl Store {
         Ok(())
     }
 
-    /// The progress of `leases`: (lease id, unit, done).
-    pub async fn lease_progress(&self, leases: &[i64]) -> Result<Vec<(i64, String, i64)>> {
+    /// The progress of `leases`, by lease id.
+    pub async fn lease_progress(&self, leases: &[i64]) -> Result<Vec<LeaseProgress>> {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
@@ -209,7 +212,13 @@ impl Store {
         }
         let rows = select.fetch_all(&self.pool).await?;
         rows.iter()
-            .map(|row| Ok((row.try_get("lease_id")?, row.try_get("unit")?, row.try_get("done")?)))
+            .map(|row| {
+                Ok(LeaseProgress {
+                    lease_id: row.try_get("lease_id")?,
+                    unit: row.try_get("unit")?,
+                    done: row.try_get("done")?,
+                })
+            })
             .collect()
     }
 
@@ -302,8 +311,8 @@ impl Store {
         Ok(())
     }
 
-    /// A node's outcomes since `since`, oldest first: (outcome, weight in thousandths, at).
-    pub async fn outcomes(&self, node_id: i64, since: i64) -> Result<Vec<(String, i64, i64)>> {
+    /// A node's outcomes since `since`, oldest first.
+    pub async fn outcomes(&self, node_id: i64, since: i64) -> Result<Vec<NodeOutcome>> {
         let rows = sqlx::query(
             "SELECT outcome, weight_milli, at FROM reputation_events WHERE node_id = $1 AND at >= $2 ORDER BY id",
         )
@@ -313,11 +322,11 @@ impl Store {
         .await?;
         rows.iter()
             .map(|row| {
-                Ok((
-                    row.try_get("outcome")?,
-                    row.try_get("weight_milli")?,
-                    row.try_get("at")?,
-                ))
+                Ok(NodeOutcome {
+                    outcome: row.try_get("outcome")?,
+                    weight_milli: row.try_get("weight_milli")?,
+                    at: row.try_get("at")?,
+                })
             })
             .collect()
     }
@@ -352,13 +361,18 @@ impl Store {
 impl Store {
     /// Leases that ended at or after `since` (µs), oldest first: how the reconcile leader
     /// learns of ends reported to other replicas.
-    pub async fn leases_ended_since(&self, since: i64) -> Result<Vec<(i64, i64)>> {
+    pub async fn leases_ended_since(&self, since: i64) -> Result<Vec<EndedLease>> {
         let rows = sqlx::query("SELECT id, ended_at FROM leases WHERE ended_at >= $1 ORDER BY ended_at, id")
             .bind(since)
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
-            .map(|row| Ok((row.try_get("id")?, row.try_get("ended_at")?)))
+            .map(|row| {
+                Ok(EndedLease {
+                    lease_id: row.try_get("id")?,
+                    ended_at: row.try_get("ended_at")?,
+                })
+            })
             .collect()
     }
 }
@@ -366,9 +380,9 @@ impl Store {
 /// Reads for the coordinator's dashboard: usage summed per job and over time, the queue per
 /// tier, and how long jobs waited for their first lease.
 impl Store {
-    /// What the usage records of each of `jobs` were charged, and the GPU time they metered:
-    /// (job, charged micro-dollars, GPU-milli-seconds), by job id; a job without usage is absent.
-    pub async fn usage_totals_of_jobs(&self, jobs: &[i64]) -> Result<Vec<(i64, i64, i64)>> {
+    /// What the usage records of each of `jobs` were charged, and the GPU time they metered, by
+    /// job id; a job without usage is absent.
+    pub async fn usage_totals_of_jobs(&self, jobs: &[i64]) -> Result<Vec<JobUsage>> {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
@@ -385,18 +399,18 @@ impl Store {
         }
         let rows = select.fetch_all(&self.pool).await?;
         rows.iter()
-            .map(|row| Ok((row.try_get("job_id")?, row.try_get("charged")?, row.try_get("metered")?)))
+            .map(|row| {
+                Ok(JobUsage {
+                    job_id: row.try_get("job_id")?,
+                    charged_micros: row.try_get("charged")?,
+                    gpu_seconds_milli: row.try_get("metered")?,
+                })
+            })
             .collect()
     }
 
-    /// A tenant's usage records received at or after `since`, oldest first, at most `limit`:
-    /// (received at, job, charged micro-dollars, GPU-milli-seconds).
-    pub async fn usage_of_tenant_since(
-        &self,
-        tenant: i64,
-        since: i64,
-        limit: i64,
-    ) -> Result<Vec<(i64, i64, i64, i64)>> {
+    /// A tenant's usage records received at or after `since`, oldest first, at most `limit`.
+    pub async fn usage_of_tenant_since(&self, tenant: i64, since: i64, limit: i64) -> Result<Vec<UsageCharge>> {
         let rows = sqlx::query(
             "SELECT u.received_at, l.job_id, u.charged_micros, u.gpu_seconds_milli FROM usage_records u \
              JOIN leases l ON l.id = u.lease_id JOIN jobs j ON j.id = l.job_id \
@@ -410,31 +424,36 @@ impl Store {
         .await?;
         rows.iter()
             .map(|row| {
-                Ok((
-                    row.try_get("received_at")?,
-                    row.try_get("job_id")?,
-                    row.try_get("charged_micros")?,
-                    row.try_get("gpu_seconds_milli")?,
-                ))
+                Ok(UsageCharge {
+                    received_at: row.try_get("received_at")?,
+                    job_id: row.try_get("job_id")?,
+                    charged_micros: row.try_get("charged_micros")?,
+                    gpu_seconds_milli: row.try_get("gpu_seconds_milli")?,
+                })
             })
             .collect()
     }
 
-    /// Jobs waiting for placement now, per tier: (tier, count), by tier.
-    pub async fn queued_per_tier(&self) -> Result<Vec<(String, i64)>> {
+    /// Jobs waiting for placement now, per tier, by tier.
+    pub async fn queued_per_tier(&self) -> Result<Vec<TierCount>> {
         let rows =
             sqlx::query("SELECT tier, COUNT(*) AS count FROM jobs WHERE state = 'queued' GROUP BY tier ORDER BY tier")
                 .fetch_all(&self.pool)
                 .await?;
         rows.iter()
-            .map(|row| Ok((row.try_get("tier")?, row.try_get("count")?)))
+            .map(|row| {
+                Ok(TierCount {
+                    tier: row.try_get("tier")?,
+                    jobs: row.try_get("count")?,
+                })
+            })
             .collect()
     }
 
-    /// Jobs submitted at or after `since`, oldest first, at most `limit`: (tier, submitted at,
-    /// when a replica of it first ran, if one did). A wait ends at the first run, not at the
-    /// first lease: a lease granted by preemption waits out its victim's grace period.
-    pub async fn run_waits_since(&self, since: i64, limit: i64) -> Result<Vec<(String, i64, Option<i64>)>> {
+    /// Jobs submitted at or after `since`, oldest first, at most `limit`, with when a replica of
+    /// each first ran, if one did. A wait ends at the first run, not at the first lease: a lease
+    /// granted by preemption waits out its victim's grace period.
+    pub async fn run_waits_since(&self, since: i64, limit: i64) -> Result<Vec<RunWait>> {
         let rows = sqlx::query(
             "SELECT j.tier, j.submitted_at, MIN(e.at) AS placed_at FROM jobs j \
              LEFT JOIN leases l ON l.job_id = j.id \
@@ -447,11 +466,11 @@ impl Store {
         .await?;
         rows.iter()
             .map(|row| {
-                Ok((
-                    row.try_get("tier")?,
-                    row.try_get("submitted_at")?,
-                    row.try_get("placed_at")?,
-                ))
+                Ok(RunWait {
+                    tier: row.try_get("tier")?,
+                    submitted_at: row.try_get("submitted_at")?,
+                    first_run_at: row.try_get("placed_at")?,
+                })
             })
             .collect()
     }

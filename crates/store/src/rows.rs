@@ -1,7 +1,7 @@
 //! The records the store reads and writes: plain data, no SQL types. Times are microseconds
 //! since the Unix epoch; money is micro-dollars.
 
-use crate::StoreError;
+use crate::{LeaseState, StoreError};
 
 macro_rules! text_enum {
     ($(#[$doc:meta])* $name:ident { $($variant:ident = $text:literal),+ $(,)? }) => {
@@ -55,26 +55,9 @@ impl JobState {
     }
 }
 
-text_enum!(
-    /// A lease's life. `Pending` until the agent picks it up; the last five are ends.
-    LeaseState {
-        Pending = "pending",
-        Staging = "staging",
-        Running = "running",
-        Finished = "finished",
-        Failed = "failed",
-        Preempted = "preempted",
-        Lost = "lost",
-        Cancelled = "cancelled",
-    }
-);
-
-impl LeaseState {
-    pub const LIVE: [LeaseState; 3] = [LeaseState::Pending, LeaseState::Staging, LeaseState::Running];
-
-    pub fn is_live(self) -> bool {
-        LeaseState::LIVE.contains(&self)
-    }
+/// Reads a stored lease state: `StoreError::Corrupt` for a name `LeaseState::parse` does not know.
+pub(crate) fn decode_lease_state(text: &str) -> Result<LeaseState, StoreError> {
+    LeaseState::parse(text).ok_or_else(|| StoreError::Corrupt(format!("LeaseState {text:?}")))
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -320,4 +303,193 @@ pub struct PricePoint {
     pub price_micros: i64,
     /// Thousandths of a GPU the lease holds.
     pub gpu_milli_total: i64,
+}
+
+/// How many jobs are in one state (`Store::job_counts`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobCount {
+    pub state: JobState,
+    pub jobs: i64,
+}
+
+/// The live leases, all together (`Store::live_lease_totals`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveLeaseTotals {
+    pub leases: i64,
+    /// Thousandths of a GPU the live leases hold, summed over their GPUs.
+    pub gpu_milli: i64,
+}
+
+/// What a matcher view of the fleet was built from (`Store::nodes_version`): a view is stale
+/// when either part moved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodesVersion {
+    /// The highest `updated_at` of any node: moves with a registration, a policy, a fingerprint
+    /// or the datasets held, not with a node going on or off line.
+    pub updated_at: i64,
+    /// The highest node id: nodes are never deleted, so it stands for their count.
+    pub highest_id: i64,
+}
+
+/// A node's over-limit state changed (`Store::over_limit_changes_since`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OverLimitChange {
+    pub node_id: i64,
+    /// Since when the node is over its owner's limits; `None` when it is back within them.
+    pub over_limit_since: Option<i64>,
+    pub changed_at: i64,
+}
+
+/// A node went on or off line (`Store::online_changes_since`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OnlineChange {
+    pub node_id: i64,
+    pub online: bool,
+    pub changed_at: i64,
+}
+
+/// A ledger account's balance (`Store::balances`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AccountBalance {
+    /// The account's key ("tenant:1:available").
+    pub account: String,
+    /// Micro-dollars.
+    pub balance: i64,
+}
+
+/// The ledger's sums, both zero in a sound ledger (`Store::ledger_totals`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LedgerTotals {
+    /// The sum of every account's balance.
+    pub balances: i64,
+    /// The sum of every entry's amount.
+    pub entries: i64,
+}
+
+/// One entry of a ledger transaction on one account (`Store::ledger_entries_of`,
+/// `Store::tenant_entries_between`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerEntry {
+    /// The key (idempotency key) of the transaction the entry belongs to.
+    pub tx_key: String,
+    /// The transaction's kind ("deposit", "usage", "refund"…).
+    pub kind: String,
+    /// The key of the account the entry moves.
+    pub account: String,
+    /// Micro-dollars: positive into the account, negative out of it.
+    pub amount: i64,
+    pub at: i64,
+}
+
+/// A lease's progress as its replica last reported it (`Store::lease_progress`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseProgress {
+    pub lease_id: i64,
+    /// What the replica counts ("tokens", "steps"…).
+    pub unit: String,
+    /// How many of `unit` it has done.
+    pub done: i64,
+}
+
+/// One reputation outcome of a node (`Store::outcomes`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeOutcome {
+    /// The outcome's name ("lease_ok", "node_fault", "canary_passed"…).
+    pub outcome: String,
+    /// Its weight in thousandths (1000 for one whole outcome).
+    pub weight_milli: i64,
+    pub at: i64,
+}
+
+/// One recorded reputation outcome, with its id and node (`Store::outcomes_since`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReputationEvent {
+    /// Its id: a replica applies each event once.
+    pub id: i64,
+    pub node_id: i64,
+    /// The outcome's name ("lease_ok", "node_fault", "canary_passed"…).
+    pub outcome: String,
+    /// Its weight in thousandths (1000 for one whole outcome).
+    pub weight_milli: i64,
+    pub at: i64,
+}
+
+/// A lease that ended (`Store::leases_ended_since`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndedLease {
+    pub lease_id: i64,
+    pub ended_at: i64,
+}
+
+/// What one job's usage records were charged and metered (`Store::usage_totals_of_jobs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobUsage {
+    pub job_id: i64,
+    /// Micro-dollars charged, summed over the job's usage records.
+    pub charged_micros: i64,
+    /// GPU time metered, in thousandths of a GPU-second, summed over them.
+    pub gpu_seconds_milli: i64,
+}
+
+/// One usage record of a tenant's, as charged (`Store::usage_of_tenant_since`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UsageCharge {
+    /// When the coordinator received the record.
+    pub received_at: i64,
+    pub job_id: i64,
+    /// Micro-dollars charged for it.
+    pub charged_micros: i64,
+    /// GPU time it metered, in thousandths of a GPU-second.
+    pub gpu_seconds_milli: i64,
+}
+
+/// How many jobs of one tier wait for placement (`Store::queued_per_tier`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierCount {
+    pub tier: String,
+    pub jobs: i64,
+}
+
+/// How long a job waited to run (`Store::run_waits_since`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunWait {
+    pub tier: String,
+    pub submitted_at: i64,
+    /// When a replica of the job first ran, if one did.
+    pub first_run_at: Option<i64>,
+}
+
+/// A canary given up as unanswered (`Store::give_up_overdue_canaries`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OverdueCanary {
+    pub canary_id: i64,
+    pub node_id: i64,
+}
+
+/// A node's canaries that decide whether it may take gold work (`Store::canary_standings`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CanaryStanding {
+    pub node_id: i64,
+    /// The finding of its latest answered canary (passed, wrong_answer or slow), if any.
+    pub finding: Option<String>,
+    /// When that canary finished.
+    pub finished_at: Option<i64>,
+    /// How many canaries went unanswered after it.
+    pub unanswered: i64,
+}
+
+/// When fraud was last proven against a provider (`Store::last_frauds_of_providers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProviderFraud {
+    pub provider_id: i64,
+    /// When the latest fraud decision against it was made.
+    pub decided_at: i64,
+}
+
+/// What one tenant was charged for usage on a node (`Store::charges_on_node_since`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantCharge {
+    pub tenant_id: i64,
+    /// Micro-dollars.
+    pub charged_micros: i64,
 }

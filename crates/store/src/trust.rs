@@ -5,7 +5,7 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::{Result, Store};
+use crate::{CanaryStanding, EvidenceRow, OverdueCanary, ProviderFraud, ReputationEvent, Result, Store, TenantCharge};
 
 /// A canary to order on a node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -204,8 +204,8 @@ impl Store {
     }
 
     /// Gives up the open canaries whose deadline passed before `now` as unanswered, in one
-    /// statement; returns them as (canary, node).
-    pub async fn give_up_overdue_canaries(&self, now: i64) -> Result<Vec<(i64, i64)>> {
+    /// statement; returns them.
+    pub async fn give_up_overdue_canaries(&self, now: i64) -> Result<Vec<OverdueCanary>> {
         let rows = sqlx::query(
             "UPDATE canaries SET finished_at = $1, finding = 'unanswered' \
              WHERE finished_at IS NULL AND deadline_at < $1 RETURNING id, node_id",
@@ -214,7 +214,12 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
-            .map(|row| Ok((row.try_get("id")?, row.try_get("node_id")?)))
+            .map(|row| {
+                Ok(OverdueCanary {
+                    canary_id: row.try_get("id")?,
+                    node_id: row.try_get("node_id")?,
+                })
+            })
             .collect()
     }
 
@@ -299,10 +304,9 @@ impl Store {
         Ok(())
     }
 
-    /// Reputation outcomes recorded at or after `since` (µs), oldest first, at most `limit`:
-    /// (id, node, outcome, weight in thousandths, at). How a replica keeps its reputations
-    /// current without reading every outcome again.
-    pub async fn outcomes_since(&self, since: i64, limit: i64) -> Result<Vec<(i64, i64, String, i64, i64)>> {
+    /// Reputation outcomes recorded at or after `since` (µs), oldest first, at most `limit`. How
+    /// a replica keeps its reputations current without reading every outcome again.
+    pub async fn outcomes_since(&self, since: i64, limit: i64) -> Result<Vec<ReputationEvent>> {
         let rows = sqlx::query(
             "SELECT id, node_id, outcome, weight_milli, at FROM reputation_events WHERE at >= $1 \
              ORDER BY at, id LIMIT $2",
@@ -313,21 +317,21 @@ impl Store {
         .await?;
         rows.iter()
             .map(|row| {
-                Ok((
-                    row.try_get("id")?,
-                    row.try_get("node_id")?,
-                    row.try_get("outcome")?,
-                    row.try_get("weight_milli")?,
-                    row.try_get("at")?,
-                ))
+                Ok(ReputationEvent {
+                    id: row.try_get("id")?,
+                    node_id: row.try_get("node_id")?,
+                    outcome: row.try_get("outcome")?,
+                    weight_milli: row.try_get("weight_milli")?,
+                    at: row.try_get("at")?,
+                })
             })
             .collect()
     }
 
     /// Per node, the canaries that decide whether it may take gold work: the finding and time
     /// of its latest answered canary (passed, wrong_answer or slow), and how many canaries went
-    /// unanswered after it: (node, finding, finished_at, unanswered since).
-    pub async fn canary_standings(&self) -> Result<Vec<(i64, Option<String>, Option<i64>, i64)>> {
+    /// unanswered after it.
+    pub async fn canary_standings(&self) -> Result<Vec<CanaryStanding>> {
         let rows = sqlx::query(
             "SELECT n.node_id AS node_id, a.finding AS finding, a.finished_at AS finished_at, \
              CAST((SELECT COUNT(*) FROM canaries u WHERE u.node_id = n.node_id AND u.finding = 'unanswered' \
@@ -340,12 +344,12 @@ impl Store {
         .await?;
         rows.iter()
             .map(|row| {
-                Ok((
-                    row.try_get("node_id")?,
-                    row.try_get("finding")?,
-                    row.try_get("finished_at")?,
-                    row.try_get("unanswered")?,
-                ))
+                Ok(CanaryStanding {
+                    node_id: row.try_get("node_id")?,
+                    finding: row.try_get("finding")?,
+                    finished_at: row.try_get("finished_at")?,
+                    unanswered: row.try_get("unanswered")?,
+                })
             })
             .collect()
     }
@@ -430,15 +434,20 @@ impl Store {
         Ok(row.try_get("at")?)
     }
 
-    /// Every provider's last fraud decision: (provider, decided_at).
-    pub async fn last_frauds_of_providers(&self) -> Result<Vec<(i64, i64)>> {
+    /// Every provider's last fraud decision, by provider id.
+    pub async fn last_frauds_of_providers(&self) -> Result<Vec<ProviderFraud>> {
         let rows = sqlx::query(
             "SELECT provider_id, CAST(MAX(decided_at) AS BIGINT) AS at FROM frauds GROUP BY provider_id ORDER BY provider_id",
         )
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
-            .map(|row| Ok((row.try_get("provider_id")?, row.try_get("at")?)))
+            .map(|row| {
+                Ok(ProviderFraud {
+                    provider_id: row.try_get("provider_id")?,
+                    decided_at: row.try_get("at")?,
+                })
+            })
             .collect()
     }
 
@@ -453,33 +462,34 @@ impl Store {
         Ok(())
     }
 
-    /// A node's evidence rows of the given kinds at or after `since`, oldest first: (id, kind,
-    /// detail, at).
-    pub async fn evidence_of_kinds_since(
-        &self,
-        node_id: i64,
-        kinds: &[&str],
-        since: i64,
-    ) -> Result<Vec<(i64, String, String, i64)>> {
-        let rows =
-            sqlx::query("SELECT id, kind, detail, at FROM evidence WHERE node_id = $1 AND at >= $2 ORDER BY at, id")
-                .bind(node_id)
-                .bind(since)
-                .fetch_all(&self.pool)
-                .await?;
+    /// A node's evidence rows of the given kinds at or after `since`, oldest first.
+    pub async fn evidence_of_kinds_since(&self, node_id: i64, kinds: &[&str], since: i64) -> Result<Vec<EvidenceRow>> {
+        let rows = sqlx::query(
+            "SELECT id, node_id, kind, detail, at FROM evidence WHERE node_id = $1 AND at >= $2 ORDER BY at, id",
+        )
+        .bind(node_id)
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?;
         let mut out = Vec::new();
         for row in &rows {
             let kind: String = row.try_get("kind")?;
             if kinds.contains(&kind.as_str()) {
-                out.push((row.try_get("id")?, kind, row.try_get("detail")?, row.try_get("at")?));
+                out.push(EvidenceRow {
+                    id: row.try_get("id")?,
+                    node_id: row.try_get("node_id")?,
+                    kind,
+                    detail: row.try_get("detail")?,
+                    at: row.try_get("at")?,
+                });
             }
         }
         Ok(out)
     }
 
     /// What each tenant was charged for usage on a node received at or after `since`, in the
-    /// order of their first charge: (tenant, micro-dollars).
-    pub async fn charges_on_node_since(&self, node_id: i64, since: i64) -> Result<Vec<(i64, i64)>> {
+    /// order of their first charge.
+    pub async fn charges_on_node_since(&self, node_id: i64, since: i64) -> Result<Vec<TenantCharge>> {
         let rows = sqlx::query(
             "SELECT j.tenant_id AS tenant_id, CAST(SUM(u.charged_micros) AS BIGINT) AS charged, \
              CAST(MIN(u.received_at) AS BIGINT) AS first_at \
@@ -492,7 +502,12 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
-            .map(|row| Ok((row.try_get("tenant_id")?, row.try_get("charged")?)))
+            .map(|row| {
+                Ok(TenantCharge {
+                    tenant_id: row.try_get("tenant_id")?,
+                    charged_micros: row.try_get("charged")?,
+                })
+            })
             .collect()
     }
 }

@@ -6,8 +6,10 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use store::{
-    ApiKeyRecord, FraudRow, Heartbeat, JobRecord, JobState, LeaseMove, LeaseState, LedgerOutcome, LedgerTransactionRow,
-    NewCanary, NewJob, NewLease, NewNode, Overbooking, Role, Store, StoreError, UsageRow, Victim,
+    AccountBalance, ApiKeyRecord, CanaryStanding, FraudRow, Heartbeat, JobRecord, JobState, LeaseMove, LeaseState,
+    LedgerOutcome, LedgerTotals, LedgerTransactionRow, LiveLeaseTotals, NewCanary, NewJob, NewLease, NewNode,
+    NodeOutcome, NodesVersion, OnlineChange, OverLimitChange, Overbooking, OverdueCanary, ProviderFraud, Role, Store,
+    StoreError, TenantCharge, UsageRow, Victim,
 };
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -22,6 +24,22 @@ fn unique(prefix: &str) -> String {
             .expect("clock after 1970")
             .subsec_nanos()
     )
+}
+
+fn online(node_id: i64, online: bool, changed_at: i64) -> OnlineChange {
+    OnlineChange {
+        node_id,
+        online,
+        changed_at,
+    }
+}
+
+fn over_limit(node_id: i64, over_limit_since: Option<i64>, changed_at: i64) -> OverLimitChange {
+    OverLimitChange {
+        node_id,
+        over_limit_since,
+        changed_at,
+    }
 }
 
 /// A fresh, empty database per backend: a new SQLite file, and a new PostgreSQL database.
@@ -174,7 +192,13 @@ async fn nodes_heartbeats_and_nonces() {
         );
         assert_eq!(store.node(first.id).await.unwrap().unwrap(), first);
         assert_eq!(store.nodes().await.unwrap().len(), 2);
-        assert_eq!(store.nodes_version().await.unwrap(), (11, second.id));
+        assert_eq!(
+            store.nodes_version().await.unwrap(),
+            NodesVersion {
+                updated_at: 11,
+                highest_id: second.id
+            }
+        );
         store
             .record_heartbeats(&[
                 Heartbeat {
@@ -199,13 +223,13 @@ async fn nodes_heartbeats_and_nonces() {
         assert_eq!(seen.last_heartbeat_at, Some(100));
         assert_eq!(seen.node.datasets, "[1]");
         assert_eq!(
-            store.nodes_version().await.unwrap().0,
+            store.nodes_version().await.unwrap().updated_at,
             100,
             "{backend}: new datasets move the version"
         );
         assert_eq!(
             store.online_changes_since(100).await.unwrap(),
-            vec![(first.id, true, 100), (second.id, true, 100)],
+            vec![online(first.id, true, 100), online(second.id, true, 100)],
             "{backend}: coming online is a change of its own"
         );
         // Over its owner's limits: set at once, kept by heartbeats that say so, cleared by the
@@ -219,7 +243,7 @@ async fn nodes_heartbeats_and_nonces() {
         assert!(store.nodes_over_limit_since(149).await.unwrap().is_empty());
         assert_eq!(
             store.over_limit_changes_since(150).await.unwrap(),
-            vec![(first.id, Some(150), 150)],
+            vec![over_limit(first.id, Some(150), 150)],
             "{backend}"
         );
         let beat = |at: i64, within_limits: bool| Heartbeat {
@@ -241,7 +265,7 @@ async fn nodes_heartbeats_and_nonces() {
         );
         assert_eq!(
             store.over_limit_changes_since(160).await.unwrap(),
-            vec![(first.id, None, 170)],
+            vec![over_limit(first.id, None, 170)],
             "{backend}"
         );
         store
@@ -258,10 +282,10 @@ async fn nodes_heartbeats_and_nonces() {
         assert!(store.set_node_offline(second.id, 300).await.unwrap());
         assert_eq!(
             store.online_changes_since(300).await.unwrap(),
-            vec![(second.id, false, 300)]
+            vec![online(second.id, false, 300)]
         );
         assert_eq!(
-            store.nodes_version().await.unwrap().0,
+            store.nodes_version().await.unwrap().updated_at,
             100,
             "{backend}: going offline does not rebuild"
         );
@@ -285,11 +309,11 @@ async fn nodes_heartbeats_and_nonces() {
         );
         assert_eq!(
             store.online_changes_since(350).await.unwrap(),
-            vec![(second.id, true, 350)],
+            vec![online(second.id, true, 350)],
             "{backend}: coming back is a change"
         );
         assert_eq!(
-            store.nodes_version().await.unwrap().0,
+            store.nodes_version().await.unwrap().updated_at,
             100,
             "{backend}: the same datasets again do not move the version"
         );
@@ -384,7 +408,13 @@ async fn jobs_leases_and_fencing() {
         );
         assert_eq!(store.live_leases().await.unwrap().len(), 2);
         assert_eq!(store.live_leases_of_node(host.id).await.unwrap().len(), 2);
-        assert_eq!(store.live_lease_totals().await.unwrap(), (2, 4000));
+        assert_eq!(
+            store.live_lease_totals().await.unwrap(),
+            LiveLeaseTotals {
+                leases: 2,
+                gpu_milli: 4000
+            }
+        );
         let first = leases[0].id;
         assert_eq!(
             store.move_lease(first, 1, LeaseState::Running, "", 60).await.unwrap(),
@@ -501,7 +531,11 @@ async fn usage_and_attestations_are_accepted_once() {
         store.record_outcome(3, "lease_ok", 1).await.unwrap();
         assert_eq!(
             store.outcomes(3, 0).await.unwrap(),
-            vec![("lease_ok".to_string(), 1000, 1)]
+            vec![NodeOutcome {
+                outcome: "lease_ok".to_string(),
+                weight_milli: 1000,
+                at: 1
+            }]
         );
     })
     .await;
@@ -544,7 +578,10 @@ async fn canaries_outcomes_and_fraud_decisions() {
         );
         assert_eq!(
             store.give_up_overdue_canaries(50).await.unwrap(),
-            [(second, other.id)],
+            [OverdueCanary {
+                canary_id: second,
+                node_id: other.id
+            }],
             "{backend}: past its deadline, given up"
         );
         assert!(
@@ -589,8 +626,18 @@ async fn canaries_outcomes_and_fraud_decisions() {
         assert_eq!(
             standings,
             [
-                (host.id, Some("slow".to_string()), Some(40), 0),
-                (other.id, None, None, 1)
+                CanaryStanding {
+                    node_id: host.id,
+                    finding: Some("slow".to_string()),
+                    finished_at: Some(40),
+                    unanswered: 0
+                },
+                CanaryStanding {
+                    node_id: other.id,
+                    finding: None,
+                    finished_at: None,
+                    unanswered: 1
+                }
             ],
             "{backend}: the latest answered canary, and the unanswered ones since"
         );
@@ -609,7 +656,7 @@ async fn canaries_outcomes_and_fraud_decisions() {
             .await
             .unwrap()
             .into_iter()
-            .map(|(_, _, outcome, weight, _)| (outcome, weight))
+            .map(|event| (event.outcome, event.weight_milli))
             .collect();
         assert_eq!(
             since,
@@ -656,11 +703,17 @@ async fn canaries_outcomes_and_fraud_decisions() {
         }
         assert_eq!(
             store.charges_on_node_since(host.id, 0).await.unwrap(),
-            [(tenant.id, 1000)]
+            [TenantCharge {
+                tenant_id: tenant.id,
+                charged_micros: 1000
+            }]
         );
         assert_eq!(
             store.charges_on_node_since(host.id, 150).await.unwrap(),
-            [(tenant.id, 600)]
+            [TenantCharge {
+                tenant_id: tenant.id,
+                charged_micros: 600
+            }]
         );
         assert_eq!(store.charges_on_node_since(other.id, 0).await.unwrap(), []);
         assert_eq!(
@@ -686,7 +739,7 @@ async fn canaries_outcomes_and_fraud_decisions() {
             .evidence_of_kinds_since(host.id, &["usage_violation"], 450)
             .await
             .unwrap();
-        assert_eq!(found.iter().map(|row| row.0).collect::<Vec<_>>(), [kept], "{backend}");
+        assert_eq!(found.iter().map(|row| row.id).collect::<Vec<_>>(), [kept], "{backend}");
 
         // A fraud decision with its slash and the node's cordon, once per ledger key.
         let bond = transaction(
@@ -738,7 +791,13 @@ async fn canaries_outcomes_and_fraud_decisions() {
         assert_eq!(store.node(host.id).await.unwrap().unwrap().fraud_cordoned_at, Some(600));
         assert_eq!(store.last_fraud_of_node(host.id).await.unwrap(), Some(600));
         assert_eq!(store.last_fraud_of_node(other.id).await.unwrap(), None);
-        assert_eq!(store.last_frauds_of_providers().await.unwrap(), [(provider.id, 600)]);
+        assert_eq!(
+            store.last_frauds_of_providers().await.unwrap(),
+            [ProviderFraud {
+                provider_id: provider.id,
+                decided_at: 600
+            }]
+        );
         assert_eq!(
             store.frauds(Some(provider.id), 10).await.unwrap()[0].kind,
             "false_hardware"
@@ -829,10 +888,20 @@ async fn ledger_balances_idempotency_and_floors() {
         assert_eq!(store.balance("tenant:1:available").await.unwrap(), 40);
         assert_eq!(store.balance("escrow:job:1").await.unwrap(), 60);
         assert_eq!(store.balance("nobody").await.unwrap(), 0);
-        assert_eq!(store.ledger_totals().await.unwrap(), (0, 0), "{backend}");
+        assert_eq!(
+            store.ledger_totals().await.unwrap(),
+            LedgerTotals {
+                balances: 0,
+                entries: 0
+            },
+            "{backend}"
+        );
         assert_eq!(
             store.balances("tenant:").await.unwrap(),
-            vec![("tenant:1:available".to_string(), 40)]
+            vec![AccountBalance {
+                account: "tenant:1:available".to_string(),
+                balance: 40
+            }]
         );
         assert_eq!(
             store.ledger_entries_of("tenant:1:available", 10).await.unwrap().len(),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::extract::{Query, State};
 use axum::response::Response;
-use store::{NodeRecord, PricePoint};
+use store::{NodeRecord, PricePoint, RunWait, TierCount};
 
 use super::chart::{LineChart, Series, line_chart};
 use super::html::{badge, dollars, duration, escape, median, per_gpu_hour, percent, quantile, stat, table};
@@ -97,7 +97,7 @@ struct TierQueue {
     waits_us: Vec<i64>,
 }
 
-fn queues(queued: &[(String, i64)], jobs: &[(String, i64, Option<i64>)]) -> Vec<TierQueue> {
+fn queues(queued: &[TierCount], jobs: &[RunWait]) -> Vec<TierQueue> {
     fn entry<'a>(tiers: &'a mut BTreeMap<TierKey, TierQueue>, tier: &str) -> &'a mut TierQueue {
         tiers.entry(tier_rank(tier)).or_insert_with(|| TierQueue {
             tier: tier.to_string(),
@@ -107,14 +107,14 @@ fn queues(queued: &[(String, i64)], jobs: &[(String, i64, Option<i64>)]) -> Vec<
         })
     }
     let mut tiers: BTreeMap<TierKey, TierQueue> = BTreeMap::new();
-    for (tier, count) in queued {
-        entry(&mut tiers, tier).queued_now += count;
+    for count in queued {
+        entry(&mut tiers, &count.tier).queued_now += count.jobs;
     }
-    for (tier, submitted_at, started_at) in jobs {
-        let queue = entry(&mut tiers, tier);
+    for job in jobs {
+        let queue = entry(&mut tiers, &job.tier);
         queue.submitted += 1;
-        if let Some(started_at) = started_at {
-            queue.waits_us.push((started_at - submitted_at).max(0));
+        if let Some(started_at) = job.first_run_at {
+            queue.waits_us.push((started_at - job.submitted_at).max(0));
         }
     }
     let mut out: Vec<TierQueue> = tiers.into_values().collect();
@@ -174,8 +174,8 @@ pub async fn page(
     let gpus_simulated: u64 = simulated.values().map(|(_, simulated)| simulated).sum();
     let milli_used: u64 = index.utilisation.iter().map(|row| row.gpu_milli_used).sum();
     let submitted = jobs.len();
-    let started = jobs.iter().filter(|(_, _, started)| started.is_some()).count();
-    let queued_now: i64 = queued.iter().map(|(_, count)| count).sum();
+    let started = jobs.iter().filter(|job| job.first_run_at.is_some()).count();
+    let queued_now: i64 = queued.iter().map(|count| count.jobs).sum();
 
     let mut body = String::from("<h1>Market</h1>");
     body.push_str(&window_links("/dashboard", hours));
@@ -369,11 +369,19 @@ mod tests {
 
     #[test]
     fn queues_count_waits_of_placed_jobs_per_tier() {
-        let queued = [("bronze".to_string(), 2)];
+        let queued = [TierCount {
+            tier: "bronze".to_string(),
+            jobs: 2,
+        }];
+        let wait = |tier: &str, submitted_at: i64, first_run_at: Option<i64>| RunWait {
+            tier: tier.to_string(),
+            submitted_at,
+            first_run_at,
+        };
         let jobs = [
-            ("silver".to_string(), 0, Some(1_000)),
-            ("silver".to_string(), 0, None),
-            ("gold".to_string(), 10, Some(30)),
+            wait("silver", 0, Some(1_000)),
+            wait("silver", 0, None),
+            wait("gold", 10, Some(30)),
         ];
         let queues = queues(&queued, &jobs);
         let tiers: Vec<&str> = queues.iter().map(|queue| queue.tier.as_str()).collect();

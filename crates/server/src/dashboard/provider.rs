@@ -47,9 +47,9 @@ pub async fn page(
         )
         .await?;
     let complete = (entries.len() as i64) < EARNINGS_ENTRIES_MAX;
-    entries.retain(|(_, kind, amount, at)| kind == "usage" && *amount > 0 && *at >= from);
+    entries.retain(|entry| entry.kind == "usage" && entry.amount > 0 && entry.at >= from);
     entries.reverse();
-    let earned_in_window: i64 = entries.iter().map(|(_, _, amount, _)| amount).sum();
+    let earned_in_window: i64 = entries.iter().map(|entry| entry.amount).sum();
 
     let online = nodes.iter().filter(|node| node.online).count();
     let gpus: i64 = nodes.iter().map(|node| node.gpu_count).sum();
@@ -144,7 +144,7 @@ pub async fn page(
     body.push_str("<h2>Earnings over time</h2>");
     let series = [Series {
         label: "earned (running total)".to_string(),
-        points: running_total(entries.iter().map(|(_, _, amount, at)| (*at, *amount)), from, now),
+        points: running_total(entries.iter().map(|entry| (entry.at, entry.amount)), from, now),
     }];
     body.push_str(&line_chart(&LineChart {
         title: "earnings over time",

@@ -100,7 +100,7 @@ pub async fn page(
         .usage_totals_of_jobs(&ids)
         .await?
         .into_iter()
-        .map(|(job, charged, metered)| (job, (charged, metered)))
+        .map(|usage| (usage.job_id, (usage.charged_micros, usage.gpu_seconds_milli)))
         .collect();
     let usage = state
         .store
@@ -108,8 +108,8 @@ pub async fn page(
         .await?;
     let reference = silver_reference(&state.store.price_points(from, PRICE_POINTS_MAX).await?);
 
-    let spent: i64 = usage.iter().map(|(_, _, charged, _)| charged).sum();
-    let metered: i64 = usage.iter().map(|(_, _, _, metered)| metered).sum();
+    let spent: i64 = usage.iter().map(|row| row.charged_micros).sum();
+    let metered: i64 = usage.iter().map(|row| row.gpu_seconds_milli).sum();
     // Paid against the reference, over the listed jobs with metered GPU time.
     let (mut paid_total, mut reference_total) = (0i128, 0i128);
     for job in &jobs {
@@ -196,7 +196,7 @@ pub async fn page(
     body.push_str("<h2>Spend over time</h2>");
     let series = [Series {
         label: "spent (running total)".to_string(),
-        points: running_total(usage.iter().map(|(at, _, charged, _)| (*at, *charged)), from, now),
+        points: running_total(usage.iter().map(|row| (row.received_at, row.charged_micros)), from, now),
     }];
     body.push_str(&line_chart(&LineChart {
         title: "spend over time",

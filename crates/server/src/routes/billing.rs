@@ -40,7 +40,7 @@ pub async fn balance(
         .balances("escrow:job:")
         .await?
         .into_iter()
-        .map(|(_, amount)| amount)
+        .map(|row| row.balance)
         .sum::<i64>();
     let escrow = if caller.role == Role::Admin && query.account_id.is_none() {
         escrow
@@ -77,11 +77,11 @@ pub async fn statement(
         .ledger_entries_of(&account.key(), 1000)
         .await?
         .into_iter()
-        .map(|(transaction, kind, amount, at)| LedgerLine {
-            transaction,
-            kind,
-            amount_micros: amount,
-            at_us: at,
+        .map(|entry| LedgerLine {
+            transaction: entry.tx_key,
+            kind: entry.kind,
+            amount_micros: entry.amount,
+            at_us: entry.at,
         })
         .collect();
     Ok(Json(StatementView { account_id: id, lines }))
@@ -155,19 +155,21 @@ pub async fn invoice(
     let (mut usage, mut credits, mut refunds, mut payments) = (0i64, 0i64, 0i64, 0i64);
     let mut index = 0;
     while index < entries.len() {
-        let key = &entries[index].0;
+        let key = &entries[index].tx_key;
         let end = entries[index..]
             .iter()
-            .position(|entry| &entry.0 != key)
+            .position(|entry| &entry.tx_key != key)
             .map_or(entries.len(), |offset| index + offset);
         let transaction = &entries[index..end];
-        let sum: i64 = transaction.iter().map(|entry| entry.3).sum();
-        match transaction[0].1.as_str() {
+        let sum: i64 = transaction.iter().map(|entry| entry.amount).sum();
+        match transaction[0].kind.as_str() {
             "usage" => {
-                let job = match transaction.iter().find_map(|entry| match Account::parse(&entry.2) {
-                    Ok(Account::Escrow(job)) => Some(job),
-                    _ => None,
-                }) {
+                let job = match transaction
+                    .iter()
+                    .find_map(|entry| match Account::parse(&entry.account) {
+                        Ok(Account::Escrow(job)) => Some(job),
+                        _ => None,
+                    }) {
                     Some(job) => job,
                     None => usage_job(&state, key).await?,
                 };

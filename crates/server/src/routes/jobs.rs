@@ -59,11 +59,11 @@ async fn full_job_view(state: &AppState, job: &JobRecord) -> ApiResult<JobView> 
     }
     let ids: Vec<i64> = leases.iter().map(|lease| lease.id).collect();
     let progress = state.store.lease_progress(&ids).await?;
-    if let Some((_, unit, _)) = progress.first() {
+    if let Some(unit) = progress.first().map(|first| &first.unit) {
         let done: i64 = progress
             .iter()
-            .filter(|(_, other, _)| other == unit)
-            .map(|(_, _, done)| *done)
+            .filter(|other| &other.unit == unit)
+            .map(|other| other.done)
             .sum();
         view.progress = Some(ProgressView {
             unit: unit.clone(),

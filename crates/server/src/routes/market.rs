@@ -90,7 +90,7 @@ pub async fn market(State(state): AppStateRef, Query(query): Query<MarketQuery>)
 }
 
 pub async fn health(State(state): AppStateRef) -> ApiResult<Json<serde_json::Value>> {
-    let (nodes, _) = state.store.nodes_version().await?;
+    let nodes = state.store.nodes_version().await?.updated_at;
     Ok(Json(serde_json::json!({"status": "ok", "nodes_version": nodes})))
 }
 

@@ -16,10 +16,11 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> ApiResult<impl IntoR
     let mut out = String::new();
     let metrics = &state.metrics;
     let _ = writeln!(out, "# TYPE fallow_jobs gauge");
-    for (job_state, count) in state.store.job_counts().await? {
-        let _ = writeln!(out, "fallow_jobs{{state=\"{job_state}\"}} {count}");
+    for count in state.store.job_counts().await? {
+        let _ = writeln!(out, "fallow_jobs{{state=\"{}\"}} {}", count.state, count.jobs);
     }
-    let (leases, gpu_milli) = state.store.live_lease_totals().await?;
+    let live = state.store.live_lease_totals().await?;
+    let (leases, gpu_milli) = (live.leases, live.gpu_milli);
     let nodes = state.store.nodes().await?;
     let online: i64 = nodes
         .iter()
@@ -66,7 +67,8 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> ApiResult<impl IntoR
         "# TYPE fallow_leader gauge\nfallow_leader {}",
         metrics.is_leader.load(Ordering::Relaxed)
     );
-    let (balances, entries) = state.store.ledger_totals().await?;
+    let totals = state.store.ledger_totals().await?;
+    let (balances, entries) = (totals.balances, totals.entries);
     let _ = writeln!(out, "# TYPE fallow_ledger_sum_micros gauge");
     let _ = writeln!(out, "fallow_ledger_sum_micros{{of=\"balances\"}} {balances}");
     let _ = writeln!(out, "fallow_ledger_sum_micros{{of=\"entries\"}} {entries}");

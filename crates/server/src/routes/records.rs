@@ -14,23 +14,11 @@ use crate::lifecycle::{end_job, replica_ended};
 use crate::metrics::Metrics;
 use crate::money;
 use crate::state::AppState;
+use crate::usage;
 use crate::wire::lease_view;
 
 use super::AppStateRef;
 use super::agent::node_lease;
-
-fn usage_record(body: &UsageBody) -> trust::UsageRecord {
-    trust::UsageRecord {
-        lease_id: body.lease_id,
-        epoch: body.epoch,
-        sequence: body.sequence,
-        period_start_ms: body.period_start_ms,
-        period_end_ms: body.period_end_ms,
-        gpu_seconds_milli: body.gpu_seconds_milli,
-        gpu_utilisation_permille: body.gpu_utilisation_permille,
-        telemetry_digest: body.telemetry_digest.clone(),
-    }
-}
 
 /// Checks a signed record against the node's key (a forgery is recorded as evidence of `kind`)
 /// and the lease's current epoch (an old epoch is fenced off).
@@ -64,11 +52,23 @@ async fn check_record<T: trust::RecordBody>(
     Ok(())
 }
 
+/// A refused usage record's answer: 400, with the policy's section for a violation.
+fn refused(refusal: usage::Refusal) -> ApiError {
+    match refusal {
+        usage::Refusal::Malformed(why) => ApiError::BadRequest(why),
+        usage::Refusal::Violation(violation) => ApiError::BadRequest(format!(
+            "usage record refused and kept as evidence (docs/trust-policy.md § 4): {violation}"
+        )),
+    }
+}
+
+/// A signed usage record: checked (`usage::assess`), billed against the job's escrow and then
+/// the tenant's balance, and kept; a tenant whose money ran out has its job failed.
 pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>) -> ApiResult<Json<UsageAccepted>> {
     let body = &signed.body.body;
     let lease = node_lease(&state, signed.node_id, body.lease_id, true).await?;
     let record = trust::SignedRecord {
-        body: usage_record(body),
+        body: crate::usage::signed_record(body),
         signature_hex: signed.body.signature_hex.clone(),
     };
     check_record(
@@ -82,78 +82,31 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
     )
     .await?;
     let now = state.now_us();
-    if body.sequence < 0 || body.gpu_seconds_milli < 0 || body.period_end_ms <= body.period_start_ms {
-        return Err(ApiError::BadRequest(format!(
-            "usage record: sequence and gpu_seconds_milli must not be negative, and the period must end after it starts \
-             (the period {}..{} ms is outside any lease)",
-            body.period_start_ms, body.period_end_ms
-        )));
-    }
+    usage::well_formed(body).map_err(refused)?;
     // A record taken before (an answer lost on the way, so the agent sent it again) is
     // answered as taken, not checked again: its GPU-seconds are already in the lease's total.
     if let Some(stored) = state.store.usage_row(lease.id, body.sequence).await? {
-        if stored.signature != signed.body.signature_hex {
-            return Err(ApiError::Conflict(format!(
-                "lease {} already has usage record {} with other contents",
-                lease.id, body.sequence
-            )));
-        }
-        return Ok(Json(UsageAccepted {
-            new: false,
-            charged_micros: 0,
-        }));
+        return taken_before(&stored, &signed.body.signature_hex);
     }
-    let lease_gpu_milli = i64::from(lease.lease.gpu_mask.count_ones() as u16) * lease.lease.gpu_milli;
     // The record's period on the coordinator's clock: the node's clock offset, measured from
     // the time it signed this request, is taken out (docs/trust-policy.md § 4).
     let offset_ms = signed.clock_offset_ms(now);
-    let (start_ms, end_ms) = (
-        body.period_start_ms.saturating_sub(offset_ms),
-        body.period_end_ms.saturating_sub(offset_ms),
-    );
-    let lease_end_ms = lease.ended_at.map(|end| end / 1000);
-    let terms = trust::rules::LeaseTerms {
-        gpu_milli: lease_gpu_milli,
-        start_ms: lease.created_at / 1000,
-        // An ended lease allows the time its agent may take to notice the end.
-        end_ms: lease_end_ms.map_or(now / 1000, |end| end.saturating_add(trust::rules::USAGE_END_NOTICE_MS)),
-        accepted_gpu_seconds_milli: state.store.usage_total(lease.id).await?,
-    };
-    let checked = trust::UsageRecord {
-        period_start_ms: start_ms,
-        period_end_ms: end_ms,
-        ..usage_record(body)
-    };
-    let gpus = crate::wire::gpu_indices(lease.lease.gpu_mask);
-    let telemetry = state.beats.utilisation_over(
-        signed.node_id,
-        &gpus,
-        (start_ms.saturating_mul(1000), end_ms.saturating_mul(1000)),
-        trust::rules::TELEMETRY_HEARTBEATS_MIN,
-    );
-    if let Err(violation) = trust::rules::check_usage(&checked, &terms, telemetry) {
-        let detail = serde_json::json!({
-            "lease_id": lease.id,
-            "epoch": body.epoch,
-            "violation": violation,
-            "record": body,
-            "signature_hex": signed.body.signature_hex,
-            "clock_offset_ms": offset_ms,
-        });
-        crate::fraud::usage_evidence(&state, signed.node_id, "usage_violation", &detail.to_string(), now).await?;
-        return Err(ApiError::BadRequest(format!(
-            "usage record refused and kept as evidence (docs/trust-policy.md § 4): {violation}"
-        )));
-    }
-    // What the lease can be billed for: a record running past an ended lease (its agent had not
-    // noticed yet) is billed up to the end only.
-    let billable_gpu_seconds_milli = match lease_end_ms {
-        Some(end) if end_ms > end => {
-            let inside = (end - start_ms).clamp(0, end_ms - start_ms);
-            i64::try_from(i128::from(body.gpu_seconds_milli) * i128::from(inside) / i128::from(end_ms - start_ms))
-                .unwrap_or(0)
+    let facts = usage_facts(&state, signed.node_id, body, &lease, offset_ms, now).await?;
+    let billable = match usage::assess(body, &lease, facts) {
+        Ok(billable) => billable,
+        Err(usage::Refusal::Violation(violation)) => {
+            let detail = serde_json::json!({
+                "lease_id": lease.id,
+                "epoch": body.epoch,
+                "violation": violation,
+                "record": body,
+                "signature_hex": signed.body.signature_hex,
+                "clock_offset_ms": offset_ms,
+            });
+            crate::fraud::usage_evidence(&state, signed.node_id, "usage_violation", &detail.to_string(), now).await?;
+            return Err(refused(usage::Refusal::Violation(violation)));
         }
-        _ => body.gpu_seconds_milli,
+        Err(refusal) => return Err(refused(refusal)),
     };
     let job = state
         .store
@@ -165,48 +118,15 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
         .node(signed.node_id)
         .await?
         .ok_or_else(|| ApiError::NotFound("node".into()))?;
-    // Simulated devices sell nothing real: their usage is recorded, never billed (unless the
-    // coordinator bills play money for them, `Config::bill_simulated`).
-    let amount = if node.node.simulated && !state.config.bill_simulated {
-        Micros::ZERO
-    } else {
-        Micros(lease.lease.price_micros)
-            .cost_for(billable_gpu_seconds_milli as u64, 1)
-            .ok_or_else(|| ApiError::BadRequest("usage charge overflows".into()))?
-    };
+    let amount = usage::amount(
+        &billable,
+        lease.lease.price_micros,
+        node.node.simulated,
+        state.config.bill_simulated,
+    )
+    .ok_or_else(|| ApiError::BadRequest("usage charge overflows".into()))?;
     let key = format!("usage:lease-{}:seq-{}", lease.id, body.sequence);
-    let mut charged = 0;
-    let mut unbilled = Micros::ZERO;
-    if amount.0 > 0 {
-        let escrow = money::balance(&state.store, Account::Escrow(job.id)).await?;
-        let available = money::balance(&state.store, Account::TenantAvailable(job.tenant_id)).await?;
-        let charge = ledger::usage(
-            &ledger::BillableUsage {
-                tenant: job.tenant_id,
-                job: job.id,
-                provider: signed.provider_id,
-                amount,
-                fee_permille: state.config.platform_fee_permille,
-            },
-            escrow,
-            available,
-            key.clone(),
-            now,
-        )
-        .map_err(money::ledger_error)?;
-        if let Some(transaction) = &charge.tx {
-            let mut transaction = transaction.clone();
-            if node.node.simulated {
-                transaction.memo.push_str(" (simulated devices: play money)");
-            }
-            match money::apply(&state.store, &transaction).await {
-                Ok(_) | Err(ApiError::Conflict(_)) => {}
-                Err(error) => return Err(error),
-            }
-        }
-        charged = charge.billed.0;
-        unbilled = charge.unbilled;
-    }
+    let (charged, unbilled) = charge(&state, &job, signed.provider_id, node.node.simulated, amount, key, now).await?;
     let fresh = state
         .store
         .insert_usage(&store::UsageRow {
@@ -236,6 +156,90 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
         new: fresh,
         charged_micros: if fresh { charged } else { 0 },
     }))
+}
+
+/// The answer to a usage record sent again: taken, when it is the one stored under its sequence
+/// number; a conflict when its contents differ.
+fn taken_before(stored: &store::UsageRow, signature_hex: &str) -> ApiResult<Json<UsageAccepted>> {
+    if stored.signature != signature_hex {
+        return Err(ApiError::Conflict(format!(
+            "lease {} already has usage record {} with other contents",
+            stored.lease_id, stored.sequence
+        )));
+    }
+    Ok(Json(UsageAccepted {
+        new: false,
+        charged_micros: 0,
+    }))
+}
+
+/// What the usage decision needs from the store and the heartbeat book: the GPU-seconds the
+/// lease has had accepted, and the node's own telemetry over the record's period.
+async fn usage_facts(
+    state: &AppState,
+    node_id: i64,
+    body: &UsageBody,
+    lease: &store::LeaseRecord,
+    offset_ms: i64,
+    now: i64,
+) -> ApiResult<usage::Facts> {
+    let (start_ms, end_ms) = usage::period(body, offset_ms);
+    let gpus = crate::wire::gpu_indices(lease.lease.gpu_mask);
+    Ok(usage::Facts {
+        offset_ms,
+        accepted_gpu_seconds_milli: state.store.usage_total(lease.id).await?,
+        telemetry_utilisation_permille: state.beats.utilisation_over(
+            node_id,
+            &gpus,
+            (start_ms.saturating_mul(1000), end_ms.saturating_mul(1000)),
+            trust::rules::TELEMETRY_HEARTBEATS_MIN,
+        ),
+        now,
+    })
+}
+
+/// Bills `amount` for `job`'s usage from its escrow first, then from its tenant's balance, the
+/// provider paid less the platform's fee (`ledger::usage`), once per `key`. Returns what was
+/// billed and what could not be.
+async fn charge(
+    state: &AppState,
+    job: &store::JobRecord,
+    provider: i64,
+    simulated: bool,
+    amount: Micros,
+    key: String,
+    now: i64,
+) -> ApiResult<(i64, Micros)> {
+    if amount.0 <= 0 {
+        return Ok((0, Micros::ZERO));
+    }
+    let escrow = money::balance(&state.store, Account::Escrow(job.id)).await?;
+    let available = money::balance(&state.store, Account::TenantAvailable(job.tenant_id)).await?;
+    let charge = ledger::usage(
+        &ledger::BillableUsage {
+            tenant: job.tenant_id,
+            job: job.id,
+            provider,
+            amount,
+            fee_permille: state.config.platform_fee_permille,
+        },
+        escrow,
+        available,
+        key,
+        now,
+    )
+    .map_err(money::ledger_error)?;
+    if let Some(transaction) = &charge.tx {
+        let mut transaction = transaction.clone();
+        if simulated {
+            transaction.memo.push_str(" (simulated devices: play money)");
+        }
+        match money::apply(&state.store, &transaction).await {
+            Ok(_) | Err(ApiError::Conflict(_)) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok((charge.billed.0, charge.unbilled))
 }
 
 pub async fn attest(State(state): AppStateRef, signed: Signed<SignedAttestation>) -> ApiResult<Json<LeaseView>> {

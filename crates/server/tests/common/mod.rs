@@ -6,6 +6,7 @@
 // Each test binary uses its own part of the harness.
 #![allow(dead_code)]
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -102,6 +103,13 @@ pub async fn on_every_backend(test: impl AsyncFn(&Harness)) {
 
 /// As [`on_every_backend`], with the server's configuration adjusted by `configure`.
 pub async fn on_every_backend_with(configure: impl Fn(&mut server::Config), test: impl AsyncFn(&Harness)) {
+    on_every_backend_on(false, configure, test).await;
+}
+
+/// As [`on_every_backend_with`], with the coordinator's time from a fresh `ManualClock` per
+/// backend (set to the system's time when made) when `manual` is true: the leader decides on the
+/// time the test sets through `Harness::clock`.
+pub async fn on_every_backend_on(manual: bool, configure: impl Fn(&mut server::Config), test: impl AsyncFn(&Harness)) {
     for database in databases().await {
         let data_dir = std::env::temp_dir().join(unique("fallow_server_data"));
         let mut config = server::Config {
@@ -115,7 +123,12 @@ pub async fn on_every_backend_with(configure: impl Fn(&mut server::Config), test
             ..Default::default()
         };
         configure(&mut config);
-        let running = server::start(&database.url, config)
+        let manual_clock = manual.then(|| Arc::new(server::ManualClock::new(server::now_us())));
+        let clock: Arc<dyn server::Clock> = match &manual_clock {
+            Some(manual) => manual.clone(),
+            None => Arc::new(server::SystemClock),
+        };
+        let running = server::start_with_clock(&database.url, config, clock)
             .await
             .unwrap_or_else(|error| panic!("{}: the server starts: {error}", database.backend));
         let admin = std::fs::read_to_string(data_dir.join(server::ADMIN_KEY_FILE))
@@ -128,6 +141,7 @@ pub async fn on_every_backend_with(configure: impl Fn(&mut server::Config), test
             http: reqwest::Client::new(),
             admin,
             running,
+            clock: manual_clock,
         };
         test(&harness).await;
         harness.check_bookings().await;
@@ -285,6 +299,8 @@ pub struct Harness {
     /// The bootstrap admin's API key, read from `DATA_DIR/admin.key`.
     pub admin: String,
     pub running: server::Running,
+    /// The coordinator's clock, when the test drives it (`on_every_backend_on`).
+    pub clock: Option<Arc<server::ManualClock>>,
 }
 
 async fn reply(response: reqwest::Response) -> Reply {
