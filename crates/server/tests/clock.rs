@@ -23,13 +23,7 @@ async fn a_silent_node_loses_its_leases_when_the_leaders_clock_passes_the_timeou
             let job = h.submit(&tenant, common::job_request("clock-job")).await;
             let id = job["id"].as_i64().expect("job id");
             let state = &h.running.state;
-            let _lock = state
-                .store
-                .try_lead()
-                .await
-                .expect("the store answers")
-                .expect("no other replica leads");
-            let mut cursor = server::reconcile::lead(state).await.expect("takes the lead");
+            let (_lock, mut cursor) = h.take_lead().await;
             let mut reasons = HashMap::new();
             let mut pass = async |what: &str| {
                 server::reconcile::pass(state, &mut cursor, &mut reasons)

@@ -340,13 +340,7 @@ async fn history(h: &Harness, seed: u64, steps: u64) {
         });
     }
     let state = &h.running.state;
-    let _lock = state
-        .store
-        .try_lead()
-        .await
-        .expect("the store answers")
-        .expect("no other replica leads");
-    let mut cursor = server::reconcile::lead(state).await.expect("takes the lead");
+    let (_lock, mut cursor) = h.take_lead().await;
     let mut reasons = HashMap::new();
     let mut history = History {
         seed,

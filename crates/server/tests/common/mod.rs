@@ -320,6 +320,19 @@ fn method(name: &str) -> reqwest::Method {
 pub const GRACE_ENDING_SLACK_US: i64 = 5_000_000;
 
 impl Harness {
+    /// Takes the leader lock and the lead, for a test that drives the reconcile passes itself
+    /// (`Config::reconcile` off): the lock (held while it lives) and the leader's cursor.
+    pub async fn take_lead(&self) -> (store::LeaderGuard, server::reconcile::Cursor) {
+        let state = &self.running.state;
+        let lock = state
+            .store
+            .try_lead()
+            .await
+            .expect("the store answers")
+            .expect("no other replica leads");
+        (lock, server::reconcile::lead(state).await.expect("takes the lead"))
+    }
+
     /// What holds after every step: no GPU is in two live leases, but a preemption's victim
     /// beside its preemptor's leases in its grace period (the store's check), and the leader's
     /// view never failed to hold a stored live lease.
