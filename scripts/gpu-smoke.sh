@@ -2,8 +2,8 @@
 # GPU smoke test: on a machine with an NVIDIA GPU and python3 with PyTorch, starts a coordinator
 # and an agent (process executor), checks that the agent reports the GPUs nvidia-smi sees (model,
 # count, not simulated) and found them through NVML (not its nvidia-smi fallback), and runs a real
-# GPU job through the market: a bf16 matrix product on one GPU. Prints what it found; exits
-# non-zero on any mismatch.
+# GPU job through the market: a bf16 matrix product on one GPU. Prints what it found, and the
+# NVLink domain the agent detects (`fallow agent detect-topology`); exits non-zero on any mismatch.
 #
 # Usage: scripts/gpu-smoke.sh            (builds the release binary first)
 #        FALLOW_BIN=path/to/fallow scripts/gpu-smoke.sh
@@ -31,6 +31,11 @@ if [ "$simulate" != 1 ]; then
   python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null \
     || fail "python3 cannot use CUDA through PyTorch"
 fi
+
+# What the agent reads of how the GPUs are joined (NVLink, an NVL72 fabric) and the NVLink domain
+# it would register; informational, never a failure.
+say "NVLink topology as the agent reads it:"
+{ "$FALLOW_BIN" agent detect-topology 2>&1 || true; } | sed 's/^/    /'
 
 work=$(mktemp -d)
 port=${FALLOW_SMOKE_PORT:-7499}

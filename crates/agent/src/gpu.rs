@@ -2,15 +2,19 @@
 //! memory, driver, PCI id, VBIOS, temperature, power and utilisation; where NVML cannot be used,
 //! `nvidia-smi --query-gpu` reports the same. The model is mapped to Fallow's catalog name.
 //! Without GPUs the agent offers none unless told to simulate some (`MODEL:COUNT[,…]`), and a
-//! simulated node says so everywhere.
+//! simulated node says so everywhere. NVML also says how the GPUs are joined (NVLink, a
+//! multi-node fabric), from which `topology` decides the node's NVLink domain.
 
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 use api::GpuTelemetry;
-use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus, TemperatureSensor};
+use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
+use nvml_wrapper::{Device, Nvml};
 use trust::GpuIdentity;
+
+use crate::topology::{FabricInfo, FabricState, GpuFabric, NvlinkReadings};
 
 /// The fields asked of `nvidia-smi`, in this order.
 pub const SMI_FIELDS: &str = "index,uuid,name,memory.total,driver_version,pci.bus_id,vbios_version,temperature.gpu,power.draw,utilization.gpu,memory.used";
@@ -246,6 +250,120 @@ pub fn detect_nvml() -> Result<Vec<Gpu>, GpuError> {
             })
         })
         .collect()
+}
+
+/// The most NVLinks one GPU has (18 on Hopper and Blackwell: NVML's `NVML_NVLINK_MAX_LINKS`);
+/// NVML is asked link by link.
+const NVLINKS_PER_GPU_MAX: u32 = 18;
+
+/// NVML's `NVML_ERROR_ARGUMENT_VERSION_MISMATCH`: the driver does not know the struct version
+/// asked for (nvml-wrapper reads it as an unexpected variant).
+const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: u32 = 25;
+
+/// How the node's GPUs are joined: each GPU's fabric registration, its active NVLinks and the
+/// GPUs it reaches over NVLink. `None` when NVML cannot be used, lists no GPU or cannot open one;
+/// a reading NVML does not have (`NotSupported` on PCIe boards) reads as none.
+pub fn read_nvlink() -> Option<NvlinkReadings> {
+    let nvml = nvml().ok()?;
+    let count = nvml.device_count().ok().filter(|count| *count > 0)?;
+    let devices = (0..count)
+        .map(|index| nvml.device_by_index(index))
+        .collect::<Result<Vec<_>, _>>()
+        .ok()?;
+    let gpus = (0..count)
+        .zip(&devices)
+        .map(|(index, device)| GpuFabric {
+            index,
+            fabric: gpu_fabric_info(device).ok(),
+            nvlinks_active: nvlinks_active(device),
+            nvlink_peers: (0..count)
+                .zip(&devices)
+                .filter(|(peer, other)| {
+                    *peer != index
+                        && matches!(
+                            device.p2p_status(other, P2pCapabilitiesIndex::NvLink),
+                            Ok(P2pStatus::Ok)
+                        )
+                })
+                .map(|(peer, _)| peer)
+                .collect(),
+        })
+        .collect();
+    Some(NvlinkReadings { gpus })
+}
+
+/// How many of the GPU's NVLinks are up; 0 on a GPU without NVLink.
+fn nvlinks_active(device: &Device<'_>) -> u32 {
+    let mut active = 0;
+    for link in 0..NVLINKS_PER_GPU_MAX {
+        match device.link_wrapper_for(link).is_active() {
+            Ok(true) => active += 1,
+            Ok(false) => {}
+            // No NVLink at all, or none beyond the GPU's last link.
+            Err(NvmlError::NotSupported | NvmlError::InvalidArg) => break,
+            Err(_) => {}
+        }
+    }
+    active
+}
+
+/// A zeroed value of the struct an NVML getter fills, named by the getter's signature: the
+/// struct types are in nvml-wrapper-sys, which nvml-wrapper does not re-export.
+fn zeroed_out<Handle, Out>(_getter: &unsafe extern "C" fn(Handle, *mut Out) -> u32) -> MaybeUninit<Out> {
+    MaybeUninit::zeroed()
+}
+
+/// The GPU's registration with a multi-node NVLink fabric; `NotSupported` outside one.
+fn gpu_fabric_info(device: &Device<'_>) -> Result<FabricInfo, NvmlError> {
+    let (cluster_uuid, clique_id, state, status) = raw_fabric_info(device)?;
+    let state = match u32::from(state) {
+        0 => FabricState::NotSupported,
+        1 => FabricState::NotStarted,
+        2 => FabricState::InProgress,
+        3 => FabricState::Completed,
+        other => return Err(NvmlError::UnexpectedVariant(other)),
+    };
+    Ok(FabricInfo {
+        cluster_uuid,
+        clique_id,
+        state,
+        status_ok: nvml_try(status).is_ok(),
+    })
+}
+
+/// NVML's fabric information as it gives it (cluster UUID, clique, state, status), which
+/// nvml-wrapper 0.13 does not wrap: `nvmlDeviceGetGpuFabricInfoV` (struct version 3), or the
+/// older, unversioned `nvmlDeviceGetGpuFabricInfo` where the driver lacks the first or its
+/// version 3.
+fn raw_fabric_info(device: &Device<'_>) -> Result<([u8; 16], u32, u8, u32), NvmlError> {
+    let lib = device.nvml().lib();
+    if let Ok(get_fabric_info_v) = lib.nvmlDeviceGetGpuFabricInfoV.as_ref() {
+        let mut info = zeroed_out(get_fabric_info_v);
+        // NVML_STRUCT_VERSION(GpuFabricInfo, 3): the struct's size, the version in the top byte.
+        let version = u32::try_from(size_of_val(&info)).expect("a struct of some 40 bytes") | (3 << 24);
+        // SAFETY: `device` borrows the NVML that loaded this symbol, so its handle is live;
+        // `info` is a zeroed struct of the type the symbol's signature names (C integers and
+        // arrays, for which zero bytes are a value), its version set first as NVML requires;
+        // NVML writes only within it.
+        let (code, info) = unsafe {
+            (*info.as_mut_ptr()).version = version;
+            let code = get_fabric_info_v(device.handle(), info.as_mut_ptr());
+            (code, info.assume_init())
+        };
+        if code != NVML_ERROR_ARGUMENT_VERSION_MISMATCH {
+            nvml_try(code)?;
+            return Ok((info.clusterUuid, info.cliqueId, info.state, info.status));
+        }
+    }
+    let get_fabric_info = nvml_sym(lib.nvmlDeviceGetGpuFabricInfo.as_ref())?;
+    let mut info = zeroed_out(get_fabric_info);
+    // SAFETY: as above; this struct has no version.
+    let (code, info) = unsafe {
+        let code = get_fabric_info(device.handle(), info.as_mut_ptr());
+        (code, info.assume_init())
+    };
+    nvml_try(code)?;
+    Ok((info.clusterUuid, info.cliqueId, info.state, info.status))
 }
 
 /// Fallow's catalog name for a driver-reported GPU name, e.g. "NVIDIA H100 80GB HBM3" →
@@ -632,6 +750,24 @@ mod tests {
                 assert!(reasons.contains("NVML") && reasons.contains("nvidia-smi"), "{reasons}")
             }
             Err(error) => panic!("detection fails with NoneFound, not {error:?}"),
+        }
+    }
+
+    #[test]
+    fn without_the_driver_the_nvlink_reading_is_none_not_a_panic() {
+        // On a GPU machine NVML answers, one reading per GPU; `--nocapture` shows what it said.
+        match (detect_nvml(), read_nvlink()) {
+            (Err(_), None) => {}
+            (Ok(gpus), Some(readings)) => {
+                assert_eq!(readings.gpus.len(), gpus.len());
+                for gpu in &readings.gpus {
+                    assert!(gpu.nvlinks_active <= NVLINKS_PER_GPU_MAX, "{gpu:?}");
+                    assert!(!gpu.nvlink_peers.contains(&gpu.index), "{gpu:?}");
+                }
+                let domain = crate::topology::nvlink_domain(None, Some(&readings), "this-machine");
+                eprint!("{}", crate::topology::describe(&domain, Some(&readings)));
+            }
+            (gpus, readings) => panic!("NVML lists {gpus:?} but reads NVLink as {readings:?}"),
         }
     }
 

@@ -408,6 +408,7 @@ mod tests {
             memory_mib: 0,
             cpu_milli: 1000,
             network: "none".into(),
+            shm_mib: 0,
             scratch_dir: dir.join(format!("scratch-{lease_id}")),
             checkpoint_dir: None,
             log_path: dir.join(format!("output-{lease_id}.log")),

@@ -11,5 +11,6 @@ pub mod exec;
 pub mod gpu;
 pub mod guard;
 pub mod state;
+pub mod topology;
 
-pub use agent::{Agent, AgentConfig, AgentError, rotate_key};
+pub use agent::{Agent, AgentConfig, AgentError, NodeTopology, rotate_key};

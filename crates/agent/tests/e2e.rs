@@ -142,6 +142,7 @@ fn agent_config_via(world: &World, name: &str, coordinator: &str) -> AgentConfig
         allow_file_datasets: true,
         guard_program: None,
         canary_program: None,
+        topology: agent::NodeTopology::default(),
     }
 }
 

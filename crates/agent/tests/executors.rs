@@ -31,6 +31,7 @@ fn spec(image: &str, script: &str) -> RunSpec {
         memory_mib: 256,
         cpu_milli: 1000,
         network: "none".into(),
+        shm_mib: 0,
         scratch_dir: dir.join("scratch"),
         checkpoint_dir: Some(dir.join("checkpoint")),
         log_path: dir.join("output.log"),

@@ -244,6 +244,7 @@ fn agent_config_for(world: &World, provider_key: &str, name: &str, coordinator: 
         guard_program: None,
         // In this process: the agent crate's tests have no `fallow` binary.
         canary_program: None,
+        topology: agent::NodeTopology::default(),
     }
 }
 

@@ -231,6 +231,14 @@ impl JobRequest {
         if !matches!(self.network.as_str(), "none" | "bridge") {
             return bad(format!("network: {:?} is not none or bridge", self.network));
         }
+        if let Some(mode) = &self.gang_repair
+            && !matches!(mode.as_str(), "restart" | "keep")
+        {
+            return bad(format!("gang_repair: {mode:?} is not restart or keep"));
+        }
+        if self.max_restarts.is_some_and(|restarts| restarts > 100) {
+            return bad("max_restarts: at most 100");
+        }
         // Control characters too: PostgreSQL cannot store a NUL, and a token is typed, not binary.
         if let Some(token) = &self.client_token
             && (token.is_empty() || token.len() > 128 || token.chars().any(char::is_control))
@@ -268,6 +276,7 @@ impl JobRequest {
             checkpoint_interval_s: self.checkpoint_interval_s,
             submitted_at: submitted_at_s,
             runtime,
+            avoid_nodes: Vec::new(),
         })
     }
 }

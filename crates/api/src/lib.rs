@@ -126,7 +126,21 @@ pub struct JobRequest {
     /// program, `command` its arguments); absent: whatever the node runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    /// What a gang's surviving replicas do when a lost one is replaced: "restart" (default:
+    /// stopped and started again with the new peers, resuming from the job's checkpoint) or
+    /// "keep" (left running, for frameworks that re-rendezvous themselves, e.g. torchrun's
+    /// elastic agent: the new peers are written to `FALLOW_RENDEZVOUS_FILE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang_repair: Option<String>,
+    /// How many times a gang starts again, whole and in place, after one of its replicas fails
+    /// once it has started (a peer lost mid-step fails the others' collectives); absent: 3.
+    /// The next failure fails the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_restarts: Option<u32>,
 }
+
+/// A gang's restarts after a replica failed, unless the job says otherwise (`max_restarts`).
+pub const GANG_RESTARTS_DEFAULT: u32 = 3;
 
 fn one() -> u32 {
     1
@@ -310,6 +324,22 @@ pub struct NodeRegistration {
     /// The runtimes the agent runs replicas in: "container", "process"; empty: both.
     #[serde(default)]
     pub runtimes: Vec<String>,
+    /// The address a gang's other replicas reach this node's replicas at (a host name or IP);
+    /// empty: the address the coordinator saw the registration come from.
+    #[serde(default)]
+    pub advertise_addr: String,
+    /// The ports the agent may hand to replicas for gang traffic ("29500-29999").
+    #[serde(default)]
+    pub gang_ports: String,
+    /// Where `nvlink_domain` came from: "flag", "nvml-fabric", "nvswitch" or "node" (none given
+    /// or detected: the node alone).
+    #[serde(default)]
+    pub nvlink_source: String,
+    /// What NVML reported, whatever was declared: `nvl-<cluster uuid>-<clique>` for a
+    /// multi-node NVLink fabric, `node-local` for NVSwitch boards, empty when NVML said nothing.
+    /// A declared domain that disagrees with it is refused.
+    #[serde(default)]
+    pub nvlink_detected: String,
 }
 
 fn network_default() -> u32 {
@@ -332,6 +362,19 @@ pub struct NodeView {
     pub site: String,
     pub fabric: String,
     pub nvlink_domain: String,
+    /// Where the NVLink domain came from ("flag", "nvml-fabric", "nvswitch", "node") and what
+    /// NVML reported (empty: nothing).
+    #[serde(default)]
+    pub nvlink_source: String,
+    #[serde(default)]
+    pub nvlink_detected: String,
+    /// The address gang peers reach the node's replicas at, and the ports its agent hands out.
+    #[serde(default)]
+    pub advertise_addr: String,
+    #[serde(default)]
+    pub gang_ports: String,
+    pub latitude: f64,
+    pub longitude: f64,
     pub simulated: bool,
     /// The runtimes its agent runs replicas in.
     pub runtimes: Vec<String>,
@@ -574,6 +617,27 @@ pub struct TrustView {
 pub struct AgentLease {
     pub lease: LeaseView,
     pub job: JobRequest,
+    /// A gang's rendezvous, once every replica's lease is picked up and staged (the start
+    /// barrier); absent for a gang still assembling (its replicas wait) and for one-replica jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<GangView>,
+}
+
+/// Where a replica stands in its gang, and how it reaches the others (torchrun's contract:
+/// rank 0 is the replica on the node holding the most of the gang's GPUs, ties on node id).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq, Default)]
+pub struct GangView {
+    /// Grows at each placement and repair of the gang: a new set of peers.
+    pub epoch: i64,
+    pub rank: u32,
+    pub world_size: u32,
+    pub local_rank: u32,
+    pub local_world_size: u32,
+    pub node_rank: u32,
+    pub master_addr: String,
+    pub master_port: u16,
+    /// Every replica's `host:port`, in rank order.
+    pub peers: Vec<String>,
 }
 
 /// The leases a node should run, as a long poll answers them: `version` changes whenever the
@@ -595,6 +659,10 @@ pub struct LeaseEventRequest {
     pub exit_code: Option<i64>,
     #[serde(default)]
     pub detail: String,
+    /// With `staged` (a gang replica ready to start: datasets staged, image present): the port
+    /// its agent reserved for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
 }
 
 /// A node's new public key, in a request signed by its current key.

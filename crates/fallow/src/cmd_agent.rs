@@ -35,8 +35,34 @@ pub struct AgentArgs {
     name: Option<String>,
     #[arg(long, default_value = "local")]
     region: String,
+    /// The site the node is in (a building or a cloud zone); its coordinates come from
+    /// --latitude/--longitude, else from the coordinator's sites table.
     #[arg(long, default_value = "local")]
     site: String,
+    /// The node's InfiniBand/RoCE island inside its site (default: SITE-net).
+    #[arg(long)]
+    fabric: Option<String>,
+    /// The NVLink domain the node's GPUs share with other nodes' (e.g. a GB200 NVL72 rack's
+    /// name). Default: what NVML reports (the NVL72 fabric's cluster and clique), else the node
+    /// alone. A domain that disagrees with NVML is refused at registration.
+    #[arg(long)]
+    nvlink_domain: Option<String>,
+    /// The site's latitude and longitude in degrees (for latency-aware placement).
+    #[arg(long, allow_negative_numbers = true)]
+    latitude: Option<f64>,
+    #[arg(long, allow_negative_numbers = true)]
+    longitude: Option<f64>,
+    /// The address a gang's other replicas reach this node's replicas at (default: the
+    /// address the coordinator sees the agent at).
+    #[arg(long)]
+    advertise_addr: Option<String>,
+    /// The ports the agent hands to gang replicas (MASTER_PORT among them), FIRST-LAST.
+    #[arg(long, default_value = "29500-29999")]
+    gang_ports: String,
+    /// Shared memory (/dev/shm) for each container, e.g. 8g or 512m (NCCL needs far more than
+    /// Docker's 64m).
+    #[arg(long, default_value = "8g")]
+    shm_size: String,
     /// Asks per GPU-hour in dollars, per tier sold: gold=3.00,silver=2.00,bronze=1.00.
     #[arg(long, default_value = "gold=3.00,silver=2.00,bronze=1.00")]
     asks: String,
@@ -68,6 +94,9 @@ enum AgentCommand {
     /// Make a new key for this node and have the coordinator take it (signed by the current
     /// key, which then stops working). Stop the agent first; start it again after.
     RotateKey,
+    /// Print the node's NVLink domain as NVML reports it (and what --nvlink-domain would
+    /// change), then exit.
+    DetectTopology,
     /// A replica's guard, started by the agent beside each replica (stdin: the agent's feed);
     /// not for people.
     #[command(hide = true)]
@@ -277,6 +306,70 @@ fn agent_config(
         guard_program: Some(std::env::current_exe().context("finding the fallow binary, for the replicas' guards")?),
         // This binary again, as `fallow canary run` for the coordinator's canary orders.
         canary_program: Some(std::env::current_exe().context("finding the fallow binary, for canaries")?),
+        topology: agent::NodeTopology::default(),
+    })
+}
+
+/// `FIRST-LAST` as a port range.
+fn port_range(text: &str) -> anyhow::Result<(u16, u16)> {
+    let (first, last) = text
+        .split_once('-')
+        .with_context(|| format!("--gang-ports: {text:?} is not FIRST-LAST"))?;
+    let first: u16 = first
+        .trim()
+        .parse()
+        .with_context(|| format!("--gang-ports: {first:?} is not a port"))?;
+    let last: u16 = last
+        .trim()
+        .parse()
+        .with_context(|| format!("--gang-ports: {last:?} is not a port"))?;
+    anyhow::ensure!(
+        first >= 1 && first <= last,
+        "--gang-ports: {text:?} is not 1 ≤ FIRST ≤ LAST"
+    );
+    Ok((first, last))
+}
+
+/// A size like `8g`, `512m` or `1048576k` (no suffix: bytes), in MiB.
+fn size_mib(text: &str) -> anyhow::Result<u64> {
+    let text = text.trim().to_ascii_lowercase();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text.as_str(), ""),
+    };
+    let number: u64 = number
+        .parse()
+        .with_context(|| format!("--shm-size: {text:?} is not a size like 8g"))?;
+    let bytes = match unit.trim_end_matches('b') {
+        "" => number,
+        "k" => number << 10,
+        "m" => number << 20,
+        "g" => number << 30,
+        other => anyhow::bail!("--shm-size: unit {other:?} is not k, m or g"),
+    };
+    Ok(bytes >> 20)
+}
+
+/// The node's place in the interconnect: flags beat what NVML reports; the NVLink domain
+/// falls back to the node alone.
+fn topology(args: &AgentArgs, name: &str, simulated: bool) -> anyhow::Result<agent::NodeTopology> {
+    let readings = if simulated { None } else { agent::gpu::read_nvlink() };
+    let domain = agent::topology::nvlink_domain(args.nvlink_domain.as_deref(), readings.as_ref(), name);
+    tracing::info!(
+        domain = %domain.name,
+        source = domain.source.as_str(),
+        detected = ?domain.detected,
+        "the node's NVLink domain"
+    );
+    Ok(agent::NodeTopology {
+        nvlink_domain: domain.name.clone(),
+        nvlink_source: domain.source.as_str().to_string(),
+        nvlink_detected: domain.detected.clone().unwrap_or_default(),
+        latitude: args.latitude.unwrap_or(0.0),
+        longitude: args.longitude.unwrap_or(0.0),
+        advertise_addr: args.advertise_addr.clone().unwrap_or_default(),
+        gang_ports: port_range(&args.gang_ports)?,
+        shm_mib: size_mib(&args.shm_size)?,
     })
 }
 
@@ -316,6 +409,12 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     if let Some(AgentCommand::Guard(guard_args)) = args.command {
         return guard(guard_args);
     }
+    if let Some(AgentCommand::DetectTopology) = args.command {
+        let readings = agent::gpu::read_nvlink();
+        let domain = agent::topology::nvlink_domain(args.nvlink_domain.as_deref(), readings.as_ref(), &host_name());
+        println!("{}", agent::topology::describe(&domain, readings.as_ref()));
+        return Ok(());
+    }
     if let Some(AgentCommand::RotateKey) = args.command {
         let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
         let public = runtime
@@ -331,11 +430,13 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         Some(text) => agent::gpu::simulated(text, |name| model::GpuCatalog::embedded().find(name).is_some())?,
         None => agent::gpu::inventory_of(agent::gpu::detect()?)?,
     };
+    let name = args.name.clone().unwrap_or_else(host_name);
+    let topology = topology(&args, &name, inventory.simulated)?;
     let config = agent_config(
         args.coordinator,
         args.provider_key,
         args.data_dir,
-        args.name.unwrap_or_else(host_name),
+        name,
         &args.site,
         api::PolicyDoc {
             asks: asks(&args.asks)?,
@@ -346,6 +447,8 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     )?;
     let config = agent::AgentConfig {
         region: args.region,
+        fabric: args.fabric.unwrap_or(config.fabric.clone()),
+        topology,
         usage_every: std::time::Duration::from_secs(args.usage_every_s.max(1)),
         grace: std::time::Duration::from_secs(args.grace_s),
         allow_file_datasets: args.allow_file_datasets,

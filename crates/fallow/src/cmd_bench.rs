@@ -22,7 +22,7 @@ const DECISIONS_PER_VIRTUAL_SECOND: u64 = 10_000;
 /// Warm-up gives up after this many refusals in a row: the fleet cannot reach the fill.
 const WARMUP_REFUSALS_IN_A_ROW_MAX: u64 = 100_000;
 /// Arrivals and departures between two gang or preemption trials, so trials see different states.
-const CHURN_BETWEEN_TRIALS: u64 = 1_000;
+pub(crate) const CHURN_BETWEEN_TRIALS: u64 = 1_000;
 /// Filling "until refusals dominate": attempts are counted in windows of this size …
 const FULL_WINDOW_ATTEMPTS: u64 = 10_000;
 /// … and filling stops after a window with at least this share refused.
@@ -36,6 +36,9 @@ pub enum BenchCommand {
     Gang(GangArgs),
     /// Preemption victims for a gold gang on a nearly full fleet (B5).
     Preempt(PreemptArgs),
+    /// Repair of a running gang that lost nodes at once, one lost replica at a time, on a
+    /// 60 %-full fleet.
+    Repair(crate::cmd_bench_repair::RepairArgs),
     /// The coordinator's HTTP API under a fleet's heartbeats and job submissions.
     Api(crate::cmd_bench_api::ApiArgs),
 }
@@ -47,13 +50,13 @@ pub struct FleetArgs {
     gpus: u64,
     /// Seed of the fleet, the job stream and the departures.
     #[arg(long, default_value_t = 1)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// The shared traces folder (for the market prices), relative to the working directory.
     #[arg(long, default_value = "../shared/traces")]
     traces: PathBuf,
     /// Print one JSON object instead of a summary.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -100,6 +103,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Matcher(args) => bench_matcher(&args),
         BenchCommand::Gang(args) => bench_gang(&args),
         BenchCommand::Preempt(args) => bench_preempt(&args),
+        BenchCommand::Repair(args) => crate::cmd_bench_repair::run(&args),
         BenchCommand::Api(args) => crate::cmd_bench_api::run(&args),
     }
 }
@@ -115,23 +119,23 @@ struct RunningJob {
 
 /// The matcher over a synthetic fleet, with the harness's own record of what runs where,
 /// so that results are checked against it rather than trusted.
-struct Harness {
-    matcher: Matcher,
+pub(crate) struct Harness {
+    pub(crate) matcher: Matcher,
     stream: JobStream,
-    picker: IndexPicker,
+    pub(crate) picker: IndexPicker,
     running: Vec<RunningJob>,
     /// Tier of each running job, by job id (ids are dense from 1).
     running_tier: Vec<Option<Tier>>,
-    gpu_milli_used: u64,
+    pub(crate) gpu_milli_used: u64,
     node_fabric: Vec<FabricId>,
     node_gpus: Vec<u8>,
     /// Leases on each node, all tiers and non-bronze only: the harness's own view of who is where.
     node_leases: Vec<u32>,
     node_non_bronze_leases: Vec<u32>,
-    now: Timestamp,
+    pub(crate) now: Timestamp,
     decisions: u64,
-    fleet_build_s: f64,
-    matcher_build_s: f64,
+    pub(crate) fleet_build_s: f64,
+    pub(crate) matcher_build_s: f64,
 }
 
 /// What one `place` did.
@@ -176,11 +180,11 @@ fn job_kinds(job: &JobSpec, placed: bool) -> u16 {
 }
 
 impl Harness {
-    fn new(args: &FleetArgs) -> anyhow::Result<Harness> {
+    pub(crate) fn new(args: &FleetArgs) -> anyhow::Result<Harness> {
         Harness::with_prices(args.gpus, args.seed, load_prices(&args.traces)?)
     }
 
-    fn with_prices(gpus: u64, seed: u64, prices: BTreeMap<String, Micros>) -> anyhow::Result<Harness> {
+    pub(crate) fn with_prices(gpus: u64, seed: u64, prices: BTreeMap<String, Micros>) -> anyhow::Result<Harness> {
         let started = Instant::now();
         let fleet = synth::fleet(&FleetSpec { gpus, seed, prices })?;
         let fleet_build_s = started.elapsed().as_secs_f64();
@@ -209,15 +213,15 @@ impl Harness {
         })
     }
 
-    fn nodes(&self) -> usize {
+    pub(crate) fn nodes(&self) -> usize {
         self.node_gpus.len()
     }
 
-    fn gpus(&self) -> u64 {
+    pub(crate) fn gpus(&self) -> u64 {
         self.node_gpus.iter().map(|&count| u64::from(count)).sum()
     }
 
-    fn fill(&self) -> f64 {
+    pub(crate) fn fill(&self) -> f64 {
         self.gpu_milli_used as f64 / self.matcher.gpu_milli_total() as f64
     }
 
@@ -229,7 +233,7 @@ impl Harness {
         self.running_tier[index] = tier;
     }
 
-    fn tier_of_running(&self, job: JobId) -> Option<Tier> {
+    pub(crate) fn tier_of_running(&self, job: JobId) -> Option<Tier> {
         self.running_tier.get(job.index()).copied().flatten()
     }
 
@@ -294,7 +298,7 @@ impl Harness {
     }
 
     /// Places jobs until the used share reaches `fill`. Returns (placed, refused).
-    fn warm_up(&mut self, fill: f64) -> anyhow::Result<(u64, u64)> {
+    pub(crate) fn warm_up(&mut self, fill: f64) -> anyhow::Result<(u64, u64)> {
         let target = fill_target(&self.matcher, fill);
         let (mut placed, mut refused, mut refused_in_a_row) = (0u64, 0u64, 0u64);
         while self.gpu_milli_used < target {
@@ -337,7 +341,7 @@ impl Harness {
     }
 
     /// Arrivals and departures that hold the used share near `target_milli`, untimed.
-    fn churn(&mut self, steps: u64, target_milli: u64) -> anyhow::Result<()> {
+    pub(crate) fn churn(&mut self, steps: u64, target_milli: u64) -> anyhow::Result<()> {
         for _ in 0..steps {
             while self.gpu_milli_used > target_milli && !self.running.is_empty() {
                 self.release_random()?;
@@ -349,13 +353,36 @@ impl Harness {
 
     /// A fabric-level gang from the stream, submitted now.
     fn gang(&mut self, gang_gpus: u32, tier: Tier) -> anyhow::Result<JobSpec> {
+        self.gang_at(gang_gpus, tier, TopologyLevel::Fabric)
+    }
+
+    /// A gang of 8-GPU replicas from the stream, held within one domain at `level`, submitted now.
+    pub(crate) fn gang_at(&mut self, gang_gpus: u32, tier: Tier, level: TopologyLevel) -> anyhow::Result<JobSpec> {
         ensure!(
             gang_gpus >= 8 && gang_gpus.is_multiple_of(8),
             "--gang-gpus must be a positive multiple of 8, not {gang_gpus}"
         );
-        let mut job = self.stream.gang_job(gang_gpus / 8, 8, TopologyLevel::Fabric, tier);
+        let mut job = self.stream.gang_job(gang_gpus / 8, 8, level, tier);
         job.submitted_at = self.now;
         Ok(job)
+    }
+
+    /// Drops from the harness's record a running job that lost leases outside it (to a node
+    /// loss or a preemption) and releases what it still holds, as the coordinator would before
+    /// queueing it again. Returns false if the harness did not know the job.
+    pub(crate) fn forget_job(&mut self, job: JobId) -> bool {
+        let Some(index) = self.running.iter().position(|running| running.id == job) else {
+            return false;
+        };
+        let job = self.running.swap_remove(index);
+        self.matcher.release_job(job.id, self.now);
+        self.gpu_milli_used -= job.gpu_milli;
+        for node in &job.nodes {
+            self.node_leases[node.index()] -= 1;
+            self.node_non_bronze_leases[node.index()] -= u32::from(!job.bronze);
+        }
+        self.record_tier(job.id, None);
+        true
     }
 
     /// The most nodes one fabric offers a whole-node replica of `job`, by the harness's own
@@ -452,7 +479,7 @@ fn load_prices(traces: &Path) -> anyhow::Result<BTreeMap<String, Micros>> {
     synth::market_prices(traces).context("loading the market prices")
 }
 
-fn fill_target(matcher: &Matcher, fill: f64) -> u64 {
+pub(crate) fn fill_target(matcher: &Matcher, fill: f64) -> u64 {
     (matcher.gpu_milli_total() as f64 * fill.clamp(0.0, 1.0)).round() as u64
 }
 
@@ -488,7 +515,7 @@ fn check_single_placement(job: &JobSpec, placement: &Placement) -> anyhow::Resul
 }
 
 /// Latency percentiles over sorted samples (nearest rank).
-fn percentile(sorted: &[Duration], quantile: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], quantile: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -500,15 +527,15 @@ fn micros(duration: Duration) -> f64 {
     (duration.as_secs_f64() * 1e6 * 1000.0).round() / 1000.0
 }
 
-fn millis(duration: Duration) -> f64 {
+pub(crate) fn millis(duration: Duration) -> f64 {
     (duration.as_secs_f64() * 1e3 * 1000.0).round() / 1000.0
 }
 
-fn cores() -> usize {
+pub(crate) fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |count| count.get())
 }
 
-fn consistency(matcher: &Matcher, gpu_milli_used: u64) -> anyhow::Result<f64> {
+pub(crate) fn consistency(matcher: &Matcher, gpu_milli_used: u64) -> anyhow::Result<f64> {
     let started = Instant::now();
     if let Err(problem) = matcher.consistency_check() {
         bail!("the matcher's consistency check failed: {problem}");
@@ -522,7 +549,7 @@ fn consistency(matcher: &Matcher, gpu_milli_used: u64) -> anyhow::Result<f64> {
     Ok(millis(elapsed))
 }
 
-fn print(json_wanted: bool, report: &Value, summary: String) {
+pub(crate) fn print(json_wanted: bool, report: &Value, summary: String) {
     if json_wanted {
         println!("{report}");
     } else {

@@ -578,6 +578,10 @@ fn fleet_registrations(nodes: usize, seed: u64, keys: &[NodeKey]) -> Vec<NodeReg
                 ..PolicyDoc::default()
             },
             runtimes: Vec::new(),
+            advertise_addr: String::new(),
+            gang_ports: String::new(),
+            nvlink_source: String::new(),
+            nvlink_detected: String::new(),
         });
     }
     registrations

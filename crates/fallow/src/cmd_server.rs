@@ -42,6 +42,10 @@ pub struct ServerArgs {
     /// unanswered canary (the policy's hour; shorter for trials and tests).
     #[arg(long, default_value_t = 3_600_000)]
     canary_within_ms: u64,
+    /// A gang not assembled this long after its placement or repair (every replica picked up,
+    /// its image present and its datasets staged) is placed again without the nodes that lag.
+    #[arg(long, default_value_t = 600_000)]
+    gang_start_timeout_ms: u64,
 }
 
 pub fn init_logging() {
@@ -73,6 +77,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         gold_needs_badge: !args.gold_without_badge,
         canary_seconds: args.canary_seconds.clamp(1, 3_600),
         canary_within_ms: args.canary_within_ms,
+        gang_start_timeout_ms: args.gang_start_timeout_ms.max(1_000),
         ..server::Config::default()
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

@@ -7,6 +7,7 @@ mod cli;
 mod cmd_agent;
 mod cmd_bench;
 mod cmd_bench_api;
+mod cmd_bench_repair;
 mod cmd_canary;
 mod cmd_dev;
 mod cmd_server;
@@ -48,7 +49,7 @@ enum Command {
     /// accounts and the dashboard. Start here.
     Dev(cmd_dev::DevArgs),
     /// The provider agent: registers the node, runs leased jobs, reports signed usage.
-    Agent(cmd_agent::AgentArgs),
+    Agent(Box<cmd_agent::AgentArgs>),
     /// Benchmarks of the matching engine (JSON on stdout).
     #[command(subcommand)]
     Bench(cmd_bench::BenchCommand),
@@ -73,7 +74,7 @@ fn main() -> ExitCode {
         Command::Admin(args) => cli::admin::run(args),
         Command::Completions(args) => cli::completions::run(args),
         Command::Dev(args) => cmd_dev::run(args),
-        Command::Agent(args) => cmd_agent::run(args),
+        Command::Agent(args) => cmd_agent::run(*args),
         Command::Bench(command) => cmd_bench::run(command),
         Command::Canary(command) => cmd_canary::run(command),
         Command::Server(args) => cmd_server::run(args),

@@ -145,6 +145,10 @@ async fn register_node(provider: &User<'_>, name: &str) -> i64 {
         longitude: 0.0,
         simulated: true,
         runtimes: Vec::new(),
+        advertise_addr: String::new(),
+        gang_ports: String::new(),
+        nvlink_source: String::new(),
+        nvlink_detected: String::new(),
         policy: PolicyDoc {
             asks: BTreeMap::from([("silver".to_string(), common::ASK_DOLLARS.to_string())]),
             ..PolicyDoc::default()

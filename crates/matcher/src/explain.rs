@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use model::{GpuCatalog, GpuDemand, GpuModel, JobId, JobSpec, Micros, Timestamp};
+use model::{GpuCatalog, GpuDemand, GpuModel, JobId, JobSpec, Micros, Timestamp, TopologyLevel};
 
 use crate::fit::{JobContext, Reason, model_name};
 use crate::state::Matcher;
@@ -188,6 +188,9 @@ impl Matcher {
                 thousands(u64::from(job.replicas)),
                 thousands(u64::from(best))
             );
+            if job.topology == TopologyLevel::Nvlink {
+                self.note_nvlink_too_small(&mut message, job);
+            }
         }
         if counts[Reason::Region as usize] > 0 {
             self.note_empty_regions(&mut message, &regions);
@@ -200,6 +203,39 @@ impl Matcher {
             best_domain_replicas,
             message,
         }
+    }
+
+    /// Says when no NVLink domain of the fleet could hold the gang even empty. A domain is a
+    /// fixed piece of hardware (an NVL72 rack joins 72 GPUs), so such a job waits for a smaller
+    /// gang, not for GPUs to free up. Counts every node of a domain, online or not.
+    fn note_nvlink_too_small(&self, message: &mut String, job: &JobSpec) {
+        let GpuDemand::Whole { count } = job.resources.gpu else {
+            return;
+        };
+        let needed = u64::from(job.replicas) * u64::from(count);
+        // (GPUs, nodes) per domain, by the domains' dense ids.
+        let mut per_domain = vec![(0u64, 0usize); self.topology.nvlink_domains.len()];
+        for statics in &self.statics {
+            if let Some((gpus, nodes)) = per_domain.get_mut(statics.nvlink as usize) {
+                *gpus += u64::from(statics.gpu_count);
+                *nodes += 1;
+            }
+        }
+        let Some(&(gpus, nodes)) = per_domain.iter().max() else {
+            return;
+        };
+        if gpus >= needed {
+            return;
+        }
+        let _ = write!(
+            message,
+            "; {} replicas of {} need {} GPUs in one NVLink domain, and the largest has {} (on {})",
+            thousands(u64::from(job.replicas)),
+            count_of(usize::from(count), "GPU"),
+            thousands(needed),
+            thousands(gpus),
+            count_of(nodes, "node")
+        );
     }
 
     /// Names the job's regions: the fleet's name for a region with nodes, the job's own for
@@ -316,6 +352,7 @@ impl Matcher {
                 Some(runtime) => format!("does not run {} jobs", runtime.name()),
                 None => "runtime".into(),
             },
+            Reason::Avoided => "where a replica of the gang could not start".into(),
         }
     }
 
@@ -363,5 +400,83 @@ impl Matcher {
                 explanation: Some(self.explain_naming(job, now, region_names)),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use model::{
+        GpuCatalog, GpuDemand, JobId, JobSpec, Micros, Node, NodeId, ProviderId, ProviderPolicy, Tier, Topology,
+        TopologyLevel,
+    };
+
+    use crate::{Matcher, MatcherConfig};
+
+    const NOW: i64 = 1_800_000_000;
+
+    /// An NVL72 rack (18 GB200 nodes of 4 GPUs in one NVLink domain) and a rack of 2 such
+    /// nodes beside it, in the same fabric.
+    fn racks() -> Matcher {
+        let mut topology = Topology::default();
+        let region = topology.add_region("eu-west");
+        let site = topology.add_site("ams1", region, 52.37, 4.9);
+        let fabric = topology.add_fabric("ams1/ib0", site);
+        let rack_1 = topology.add_nvlink_domain(fabric, 72);
+        let rack_2 = topology.add_nvlink_domain(fabric, 8);
+        let model = GpuCatalog::embedded().find("GB200").expect("GB200 is in the catalog");
+        let nodes = (0..20)
+            .map(|index| Node {
+                id: NodeId(index),
+                name: format!("gb200-{index}"),
+                provider: ProviderId(1),
+                path: topology.path(if index < 18 { rack_1 } else { rack_2 }),
+                gpu_model: model,
+                gpu_count: 4,
+                cpu_milli: 128_000,
+                memory_mib: 1 << 20,
+                network_mbit_s: 10_000,
+                datasets: Vec::new(),
+                reliability_ppm: 990_000,
+                policy: ProviderPolicy::flat(Micros::parse_dollars("4.00").expect("an ask")),
+                simulated: false,
+                runtimes: model::RuntimeSet::ALL,
+            })
+            .collect();
+        Matcher::new(topology, nodes, MatcherConfig::default())
+    }
+
+    fn gang(replicas: u32, gpus: u8) -> JobSpec {
+        let mut job = JobSpec::new(
+            JobId(1),
+            Tier::Silver,
+            GpuDemand::Whole { count: gpus },
+            Micros::parse_dollars("10.00").expect("a price"),
+        );
+        job.replicas = replicas;
+        job.topology = TopologyLevel::Nvlink;
+        job
+    }
+
+    #[test]
+    fn a_gang_larger_than_every_nvlink_domain_is_told_the_largest() {
+        let mut m = racks();
+        assert!(m.plan(&gang(18, 4), NOW).is_ok(), "the rack takes 18 replicas of 4");
+        assert_eq!(
+            m.explain(&gang(19, 4), NOW).message,
+            "20 of 20 nodes; no NVLink domain holds all 19 replicas (the best holds 18); 19 replicas of 4 GPUs \
+             need 76 GPUs in one NVLink domain, and the largest has 72 (on 18 nodes)"
+        );
+        assert!(
+            m.explain(&gang(10, 8), NOW).message.ends_with(
+                "; 10 replicas of 8 GPUs need 80 GPUs in one NVLink domain, and the largest has 72 (on 18 nodes)"
+            ),
+            "no node holds a replica of 8, and no domain 80 GPUs"
+        );
+        // A domain large enough but short of nodes on line now: the words stop at what is free.
+        m.set_node_offline(NodeId(0), true);
+        assert_eq!(
+            m.explain(&gang(18, 4), NOW).message,
+            "19 of 20 nodes: 1 offline; no NVLink domain holds all 18 replicas (the best holds 17)"
+        );
     }
 }

@@ -24,10 +24,11 @@ pub enum Reason {
     Reserved,
     OverLimit,
     Runtime,
+    Avoided,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::Offline,
         Reason::Region,
         Reason::GpuModel,
@@ -43,6 +44,7 @@ impl Reason {
         Reason::Reserved,
         Reason::OverLimit,
         Reason::Runtime,
+        Reason::Avoided,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +64,7 @@ impl Reason {
             Reason::Reserved => "reserved",
             Reason::OverLimit => "over_limit",
             Reason::Runtime => "runtime",
+            Reason::Avoided => "avoided",
         }
     }
 }
@@ -182,6 +185,9 @@ impl Matcher {
         let job = context.job;
         if self.loads[node].offline {
             return Err(Reason::Offline);
+        }
+        if !job.avoid_nodes.is_empty() && job.avoid_nodes.binary_search(&model::NodeId(node as u32)).is_ok() {
+            return Err(Reason::Avoided);
         }
         if self.loads[node].cordoned {
             return Err(Reason::OverLimit);

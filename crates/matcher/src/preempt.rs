@@ -47,6 +47,23 @@ struct Slot {
     all_leases: bool,
 }
 
+/// How a repair slot ranks, least first: (distance from the lost replica, evicts anyone, work
+/// lost, score, node).
+type RepairRank = (u8, bool, u64, u64, u32);
+
+/// The search for one lost replica's replacement: where it ran, and the best slot so far.
+struct RepairSearch<'a> {
+    context: &'a JobContext<'a>,
+    /// The survivors' domain at the job's topology level, if any survive.
+    anchor: Option<u64>,
+    lost_fabric: u32,
+    lost_nvlink: u32,
+    /// The best slot so far, with its rank.
+    best: Option<(RepairRank, Slot)>,
+    /// The slots of the node being tried (one at most), in a buffer reused from node to node.
+    found: Vec<Slot>,
+}
+
 impl Matcher {
     fn slot_victims<'a>(&'a self, slot: &'a Slot) -> &'a [u32] {
         if slot.all_leases {
@@ -265,72 +282,47 @@ impl Matcher {
     pub fn plan_repair(&self, job: &JobSpec, lost: &[Lease], now: Timestamp) -> Result<PreemptionPlan, Unplaced> {
         self.validate(job)?;
         let context = JobContext::new(job, now);
-        let survivors = self.job_leases(job.id);
-        let anchor = survivors
-            .first()
+        // The survivors' domain: that of the first survivor in replica order.
+        let anchor = self
+            .jobs
+            .get(&job.id)
+            .and_then(|record| {
+                record
+                    .leases
+                    .iter()
+                    .filter_map(|id| self.lease(*id))
+                    .min_by_key(|lease| (lease.replica, lease.id))
+            })
             .map(|lease| self.domain_of(lease.node.index(), job.topology));
         let mut chosen: Vec<Slot> = Vec::new();
         let mut used: Vec<(usize, NodeLoad)> = Vec::new();
         for lost_lease in lost {
-            let old_path = self.nodes[lost_lease.node.index()].path;
-            let mut slots = Vec::new();
-            for (order, range) in self.ranges_for(&context) {
-                for rank in range.ranks.clone() {
-                    let node = order.nodes[rank as usize] as usize;
-                    if anchor.is_some_and(|domain| self.domain_of(node, job.topology) != domain) {
-                        continue;
-                    }
-                    let path = self.nodes[node].path;
-                    let distance = if path.nvlink == old_path.nvlink {
-                        0
-                    } else if path.fabric == old_path.fabric {
-                        1
-                    } else {
-                        2
-                    };
-                    if let Some((_, scratch)) = used.iter().find(|(index, _)| *index == node) {
-                        if let Ok(fit) = self.fit_on(node, scratch, &context) {
-                            let domain = self.domain_of(node, job.topology);
-                            slots.push(Slot {
-                                domain,
-                                distance,
-                                lost_gpu_seconds: 0,
-                                score: fit.score,
-                                node: node as u32,
-                                sequence: 0,
-                                fit,
-                                victims: Vec::new(),
-                                all_leases: false,
-                            });
+            let lost_node = &self.statics[lost_lease.node.index()];
+            let mut search = RepairSearch {
+                context: &context,
+                anchor,
+                lost_fabric: lost_node.fabric,
+                lost_nvlink: lost_node.nvlink,
+                best: None,
+                found: Vec::new(),
+            };
+            // Nearest first: the lost node's fabric holds every candidate at distance 0 or 1,
+            // and any of them ranks before every farther one. (Nodes of the fabric outside the
+            // job's index ranges fail the static checks there: region, model, price.)
+            for &node in self.fabric_members(lost_node.fabric) {
+                self.try_repair_node(node as usize, &mut search, &used, &chosen);
+            }
+            if search.best.is_none() {
+                for (order, range) in self.ranges_for(&context) {
+                    for rank in range.ranks.clone() {
+                        let node = order.nodes[rank as usize] as usize;
+                        if self.statics[node].fabric != lost_node.fabric {
+                            self.try_repair_node(node, &mut search, &used, &chosen);
                         }
-                        continue;
                     }
-                    self.node_slots(node, &context, 1, now, &mut slots, distance);
                 }
             }
-            let best = slots
-                .into_iter()
-                .filter(|slot| {
-                    !slot
-                        .victims
-                        .iter()
-                        .chain(if slot.all_leases {
-                            self.loads[slot.node as usize].leases.iter()
-                        } else {
-                            [].iter()
-                        })
-                        .any(|victim| chosen.iter().any(|other| self.slot_victims(other).contains(victim)))
-                })
-                .min_by_key(|slot| {
-                    (
-                        slot.distance,
-                        !self.slot_victims(slot).is_empty(),
-                        slot.lost_gpu_seconds,
-                        slot.score,
-                        slot.node,
-                    )
-                })
-                .ok_or(Unplaced::NoFeasibleNode(job.id))?;
+            let (_, best) = search.best.ok_or(Unplaced::NoFeasibleNode(job.id))?;
             let node = best.node as usize;
             let position = match used.iter().position(|(index, _)| *index == node) {
                 Some(position) => position,
@@ -356,6 +348,67 @@ impl Matcher {
             lease.replica = lost_lease.replica;
         }
         Ok(plan)
+    }
+
+    /// Tries `node` as the replacement of one lost replica, on top of what the plan already
+    /// `used`, and keeps its slot if it ranks first so far. A slot whose victims an earlier
+    /// replacement of the plan already evicts is passed over.
+    fn try_repair_node(&self, node: usize, search: &mut RepairSearch, used: &[(usize, NodeLoad)], chosen: &[Slot]) {
+        let statics = &self.statics[node];
+        let distance = if statics.nvlink == search.lost_nvlink {
+            0
+        } else if statics.fabric == search.lost_fabric {
+            1
+        } else {
+            2
+        };
+        // Distance ranks first: a node farther than the best so far cannot win.
+        if search.best.as_ref().is_some_and(|(key, _)| key.0 < distance) {
+            return;
+        }
+        let topology = search.context.job.topology;
+        if search
+            .anchor
+            .is_some_and(|domain| self.domain_of(node, topology) != domain)
+        {
+            return;
+        }
+        if let Some((_, scratch)) = used.iter().find(|(index, _)| *index == node) {
+            if let Ok(fit) = self.fit_on(node, scratch, search.context) {
+                search.found.push(Slot {
+                    domain: self.domain_of(node, topology),
+                    distance,
+                    lost_gpu_seconds: 0,
+                    score: fit.score,
+                    node: node as u32,
+                    sequence: 0,
+                    fit,
+                    victims: Vec::new(),
+                    all_leases: false,
+                });
+            }
+        } else {
+            self.node_slots(node, search.context, 1, search.context.now, &mut search.found, distance);
+        }
+        for slot in search.found.drain(..) {
+            let victims = self.slot_victims(&slot);
+            if victims
+                .iter()
+                .any(|victim| chosen.iter().any(|other| self.slot_victims(other).contains(victim)))
+            {
+                continue;
+            }
+            let key: RepairRank = (
+                slot.distance,
+                !victims.is_empty(),
+                slot.lost_gpu_seconds,
+                slot.score,
+                slot.node,
+            );
+            if search.best.as_ref().is_none_or(|(best, _)| key < *best) {
+                search.best = Some((key, slot));
+            }
+        }
     }
 
     /// Applies a repair plan: releases the victims and adds the replacement leases to the job.

@@ -165,6 +165,10 @@ pub struct Matcher {
     pub(crate) clock_minute: Option<i64>,
     /// Buffers gang plans reuse (see [`GangScratch`]).
     pub(crate) gang_scratch: std::sync::Mutex<GangScratch>,
+    /// Every node grouped by fabric, in node order; fabric f's nodes are
+    /// `fabric_nodes[fabric_starts[f]..fabric_starts[f + 1]]`. Gang repair looks there first.
+    pub(crate) fabric_nodes: Vec<u32>,
+    pub(crate) fabric_starts: Vec<u32>,
 }
 
 /// A gang candidate: (domain, score, node, replicas the node can hold).
@@ -201,6 +205,27 @@ impl GangScratch {
             held: vec![1; nodes],
         }
     }
+}
+
+/// Node indices grouped by fabric (a counting sort, so each fabric keeps node order), and where
+/// each fabric's group starts, with one past the last.
+fn group_by_fabric(statics: &[NodeStatic]) -> (Vec<u32>, Vec<u32>) {
+    let fabrics = statics.iter().map(|node| node.fabric as usize + 1).max().unwrap_or(0);
+    let mut starts = vec![0u32; fabrics + 1];
+    for node in statics {
+        starts[node.fabric as usize + 1] += 1;
+    }
+    for fabric in 0..fabrics {
+        starts[fabric + 1] += starts[fabric];
+    }
+    let mut next = starts.clone();
+    let mut members = vec![0u32; statics.len()];
+    for (index, node) in statics.iter().enumerate() {
+        let slot = &mut next[node.fabric as usize];
+        members[*slot as usize] = index as u32;
+        *slot += 1;
+    }
+    (members, starts)
 }
 
 /// reliability^α in parts per million, at least 1.
@@ -313,6 +338,7 @@ impl Matcher {
         });
         let reservations = Reservations::new(nodes.len());
         let node_count = nodes.len();
+        let (fabric_nodes, fabric_starts) = group_by_fabric(&statics);
         Matcher {
             config,
             topology,
@@ -332,6 +358,17 @@ impl Matcher {
             priced,
             clock_minute: None,
             gang_scratch: std::sync::Mutex::new(GangScratch::for_fleet(node_count)),
+            fabric_nodes,
+            fabric_starts,
+        }
+    }
+
+    /// The nodes of a fabric, in node order.
+    pub(crate) fn fabric_members(&self, fabric: u32) -> &[u32] {
+        let fabric = fabric as usize;
+        match (self.fabric_starts.get(fabric), self.fabric_starts.get(fabric + 1)) {
+            (Some(&start), Some(&end)) => &self.fabric_nodes[start as usize..end as usize],
+            _ => &[],
         }
     }
 

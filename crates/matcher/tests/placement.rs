@@ -336,6 +336,50 @@ fn gang_repair_replaces_lost_replicas_next_to_the_survivors() {
 }
 
 #[test]
+fn gang_repair_leaves_the_fabric_only_when_nothing_there_can_take_the_replica() {
+    let mut m = matcher(vec![
+        node("eu", "H100", 4, "2.00", 0.99),
+        node("eu", "H100", 4, "2.00", 0.99),
+        node("eu", "H100", 4, "3.00", 0.99).fabric(1),
+    ]);
+    let spec = gang(1, Tier::Gold, 2, 4, TopologyLevel::Any);
+    m.place(&spec, NOW).unwrap();
+    let lost = m.set_node_offline(NodeId(0), true);
+    // The survivor fills the rest of fabric 0.
+    let plan = m.plan_repair(&spec, &lost, NOW).unwrap();
+    assert_eq!(plan.placement.leases[0].node, NodeId(2));
+    assert!(plan.victims.is_empty());
+    m.commit_repair(&plan).unwrap();
+    m.consistency_check().unwrap();
+}
+
+#[test]
+fn gang_repair_preempts_bronze_in_its_fabric_before_going_to_a_free_node_elsewhere() {
+    let mut m = matcher(vec![
+        node("eu", "H100", 4, "2.00", 0.99),
+        node("eu", "H100", 4, "2.00", 0.99),
+        node("eu", "H100", 4, "2.00", 0.99),
+        node("eu", "H100", 4, "3.00", 0.99).fabric(1),
+    ]);
+    let spec = gang(1, Tier::Gold, 2, 4, TopologyLevel::Any);
+    m.place(&spec, NOW).unwrap();
+    let bronze = m.place(&job(2, Tier::Bronze, whole(4), "5"), NOW).unwrap();
+    assert_eq!(bronze.leases[0].node, NodeId(2));
+    let dead = m.job_leases(spec.id)[0].node;
+    let lost = m.set_node_offline(dead, true);
+    let plan = m.plan_repair(&spec, &lost, NOW).unwrap();
+    assert_eq!(
+        plan.placement.leases[0].node,
+        NodeId(2),
+        "same fabric, at the cost of bronze"
+    );
+    assert_eq!(plan.victims.len(), 1);
+    assert_eq!(plan.victims[0].job, bronze.job);
+    m.commit_repair(&plan).unwrap();
+    m.consistency_check().unwrap();
+}
+
+#[test]
 fn quote_reports_price_and_capacity() {
     let m = matcher(vec![
         node("eu", "H100", 8, "2.00", 0.99),

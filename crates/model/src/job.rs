@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::catalog::GpuModel;
-use crate::ids::{JobId, RegionId, TenantId};
+use crate::ids::{JobId, NodeId, RegionId, TenantId};
 use crate::money::Micros;
 use crate::time::Timestamp;
 
@@ -189,6 +189,8 @@ pub struct JobSpec {
     /// The runtime the job needs; `None`: whatever the node runs (its image is then a container
     /// image on a container node and a program on a process node).
     pub runtime: Option<Runtime>,
+    /// Nodes this job is not placed on (a gang whose replica could not start there), sorted.
+    pub avoid_nodes: Vec<NodeId>,
 }
 
 impl JobSpec {
@@ -218,6 +220,7 @@ impl JobSpec {
             checkpoint_interval_s: 0,
             submitted_at: 0,
             runtime: None,
+            avoid_nodes: Vec::new(),
         }
     }
 

@@ -63,6 +63,10 @@ pub struct Config {
     /// default; a test that drives the passes itself, through `reconcile::lead` and
     /// `reconcile::pass`, turns it off).
     pub reconcile: bool,
+    /// A gang whose replicas are not all picked up and staged this long after its placement (or
+    /// repair) is placed again, without the nodes that did not stage (the start barrier's
+    /// deadline: image pulls and dataset staging must fit in it).
+    pub gang_start_timeout_ms: u64,
 }
 
 impl Config {
@@ -72,6 +76,10 @@ impl Config {
 
     pub fn heartbeat_timeout_us(&self) -> i64 {
         micros_of_ms(self.heartbeat_timeout_ms)
+    }
+
+    pub fn gang_start_timeout_us(&self) -> i64 {
+        micros_of_ms(self.gang_start_timeout_ms)
     }
 
     pub fn over_limit_preempt_after_us(&self) -> i64 {
@@ -103,6 +111,7 @@ impl Default for Config {
             matcher: MatcherConfig::default(),
             strict_view: false,
             reconcile: true,
+            gang_start_timeout_ms: 600_000,
         }
     }
 }

@@ -61,10 +61,7 @@ pub fn decide(
     let mut out = Decisions::default();
     view.matcher.advance_clock(now_s);
     for job in queued {
-        let request = crate::wire::job_request(job);
-        let spec = match request.to_spec(job.id, job.tenant_id, job.submitted_at / 1_000_000, |name| {
-            view.region(name)
-        }) {
+        let spec = match spec_of(view, job) {
             Ok(spec) => spec,
             Err(error) => {
                 out.waiting.push((job.id, format!("invalid spec: {error}")));
@@ -173,15 +170,25 @@ pub struct Repair {
     pub victims: Vec<store::Victim>,
 }
 
+/// The matcher's spec of a stored job, with the nodes it avoids in the view's dense ids.
+fn spec_of(view: &FleetView, job: &JobRecord) -> Result<model::JobSpec, api::InputError> {
+    let request = crate::wire::job_request(job);
+    let mut spec = request.to_spec(job.id, job.tenant_id, job.submitted_at / 1_000_000, |name| {
+        view.region(name)
+    })?;
+    spec.avoid_nodes = job
+        .avoid_nodes
+        .iter()
+        .filter_map(|node| view.dense.get(node).copied())
+        .collect();
+    spec.avoid_nodes.sort_unstable();
+    Ok(spec)
+}
+
 /// Replaces `job`'s `lost` replicas next to its survivors (same NVLink domain, then fabric,
 /// preempting bronze if needed), or None when it is not a gang with survivors or nothing fits.
 pub fn decide_repair(view: &mut FleetView, job: &JobRecord, lost: &[model::Lease], now: i64) -> Option<Repair> {
-    let request = crate::wire::job_request(job);
-    let spec = request
-        .to_spec(job.id, job.tenant_id, job.submitted_at / 1_000_000, |name| {
-            view.region(name)
-        })
-        .ok()?;
+    let spec = spec_of(view, job).ok()?;
     if spec.replicas < 2 || view.matcher.job_leases(spec.id).is_empty() {
         return None;
     }
@@ -350,6 +357,10 @@ mod tests {
             state_reason: String::new(),
             submitted_at: NOW - 1_000_000,
             updated_at: NOW - 1_000_000,
+            gang_epoch: 0,
+            gang_since: None,
+            avoid_nodes: Vec::new(),
+            gang_restarts: 0,
         }
     }
 

@@ -239,6 +239,23 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T>
     }
 }
 
+/// The address the request came from, where the server knows it (served with connect info;
+/// `None` for a router called in-process).
+pub struct PeerAddr(pub Option<std::net::IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for PeerAddr {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        Ok(PeerAddr(
+            parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|info| info.0.ip()),
+        ))
+    }
+}
+
 /// A query string (`axum::extract::Query`) whose refusal is the API's JSON 400, not plain text.
 pub struct Query<T>(pub T);
 

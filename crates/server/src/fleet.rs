@@ -110,9 +110,14 @@ impl FleetView {
             } else {
                 format!("{fabric_name}/{}", node.nvlink_domain)
             };
+            let gpu_count = node.gpu_count.clamp(0, 16) as u8;
             let nvlink = *domains
                 .entry(domain_name)
-                .or_insert_with(|| topology.add_nvlink_domain(fabric, node.gpu_count.clamp(0, 16) as u32));
+                .or_insert_with(|| topology.add_nvlink_domain(fabric, 0));
+            // A shared domain joins every GPU of its nodes: an NVL72 rack is 18 nodes of 4,
+            // not the first node's 4.
+            let joined = &mut topology.nvlink_domains[nvlink.index()].gpus;
+            *joined = joined.saturating_add(u32::from(gpu_count));
             let policy = serde_json::from_str::<api::PolicyDoc>(&node.policy)
                 .ok()
                 .and_then(|doc| doc.to_model().ok());
@@ -133,7 +138,7 @@ impl FleetView {
                 provider: ProviderId(node.provider_id as u32),
                 path: topology.path(nvlink),
                 gpu_model,
-                gpu_count: node.gpu_count.clamp(0, 16) as u8,
+                gpu_count,
                 cpu_milli: node.cpu_milli.clamp(0, i64::from(u32::MAX)) as u32,
                 memory_mib: node.memory_mib.max(0) as u64,
                 network_mbit_s: node.network_mbit_s.clamp(0, i64::from(u32::MAX)) as u32,
@@ -479,6 +484,10 @@ pub(crate) mod tests {
                 policy: r#"{"asks": {"gold": "3.00", "silver": "2.00", "bronze": "1.00"}}"#.into(),
                 datasets: "[]".into(),
                 runtimes: "container,process".into(),
+                advertise_addr: String::new(),
+                gang_ports: String::new(),
+                nvlink_source: String::new(),
+                nvlink_detected: String::new(),
             },
             fingerprint_changed_at: None,
             registered_at: 0,
@@ -572,6 +581,41 @@ pub(crate) mod tests {
         assert_eq!(found, vec![(11, vec![2], 1), (12, vec![3], 9)]);
         assert!(view.matcher.node_cordoned(NodeId(0)));
         assert!(view.lease_of_store.contains_key(&1));
+    }
+
+    /// An NVL72 rack registers as 18 nodes of 4 GPUs naming one domain: the view's domain
+    /// joins all 72 GPUs (before, it took the first node's 4), and a domain of the same name
+    /// in another fabric is another domain.
+    #[test]
+    fn a_shared_nvlink_domain_joins_the_gpus_of_all_its_nodes() {
+        let mut records: Vec<NodeRecord> = (1..=21)
+            .map(|id| {
+                let mut record = record(id, None);
+                record.node.gpu_model = "GB200".into();
+                record.node.gpu_count = 4;
+                record.node.nvlink_domain = if id <= 18 { "rack-1" } else { "rack-2" }.into();
+                record
+            })
+            .collect();
+        records[20].node.fabric = "ib1".into();
+        records[20].node.nvlink_domain = "rack-1".into();
+        let view = FleetView::build(
+            records,
+            &[],
+            &Standings::default(),
+            store::NodesVersion::default(),
+            MatcherConfig::default(),
+        );
+        let topology = view.matcher.topology();
+        let nodes = view.matcher.nodes();
+        let domain_gpus = |node: usize| topology.nvlink_domains[nodes[node].path.nvlink.index()].gpus;
+        assert_eq!(topology.nvlink_domains.len(), 3);
+        assert!((0..18).all(|node| nodes[node].path.nvlink == nodes[0].path.nvlink));
+        assert_eq!(domain_gpus(0), 72);
+        assert_eq!(domain_gpus(18), 8, "rack-2");
+        assert_eq!(domain_gpus(20), 4, "rack-1 of the other fabric");
+        assert_ne!(nodes[20].path.nvlink, nodes[0].path.nvlink);
+        assert!(nodes.iter().all(|node| node.gpu_count == 4));
     }
 
     fn standing(successes: usize, gold_eligible: bool) -> NodeStanding {

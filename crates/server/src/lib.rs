@@ -21,6 +21,7 @@ mod metrics;
 mod money;
 mod openapi;
 pub mod reconcile;
+mod rendezvous;
 mod reputation;
 mod routes;
 mod state;
@@ -296,11 +297,14 @@ pub async fn start_with_clock(
     let mut serve_watch = watch.clone();
     let app = router(state.clone());
     let serve = tokio::spawn(async move {
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = serve_watch.wait_for(|stop| *stop).await;
-            })
-            .await;
+        let result = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            let _ = serve_watch.wait_for(|stop| *stop).await;
+        })
+        .await;
         if let Err(error) = result {
             tracing::error!(%error, "the API server stopped");
         }

@@ -69,6 +69,34 @@ pub async fn replica_ended(
             .await?;
         return Ok(true);
     }
+    if to == LeaseState::Failed
+        && lease.epoch == epoch
+        && matches!(lease.state, LeaseState::Pending | LeaseState::Staging)
+        && gang_replicas(state, lease.job_id).await? > 1
+    {
+        return gang_start_failed(state, node_id, lease, epoch, reason, event_detail, now).await;
+    }
+    if to == LeaseState::Failed
+        && lease.epoch == epoch
+        && lease.state == LeaseState::Running
+        && let Some(job) = state.store.job(lease.job_id).await?
+    {
+        let request = crate::wire::job_request(&job);
+        let allowed = i64::from(request.max_restarts.unwrap_or(api::GANG_RESTARTS_DEFAULT));
+        if request.replicas > 1 && job.gang_restarts < allowed {
+            state
+                .store
+                .append_lease_event(lease.id, epoch, LeaseState::Failed.as_str(), event_detail, now)
+                .await?;
+            let why = format!(
+                "replica {} failed ({reason}): the gang starts again, restart {} of {allowed}",
+                lease.lease.replica,
+                job.gang_restarts + 1
+            );
+            restart_gang(state, lease.job_id, &why, now).await?;
+            return Ok(true);
+        }
+    }
     if state.store.move_lease(lease.id, epoch, to, reason, now).await? != LeaseMove::Moved {
         return Ok(false);
     }
@@ -93,6 +121,100 @@ pub async fn replica_ended(
     Ok(true)
 }
 
+/// Starts every live replica of a gang again, in place, at a new epoch of its rendezvous (a
+/// replica failed after the start: its peers' collectives fail with it); counts a restart.
+pub async fn restart_gang(state: &AppState, job_id: i64, why: &str, now: i64) -> ApiResult<()> {
+    state.store.next_gang_epoch(job_id, true, now).await?;
+    for lease in state.store.leases_of_job(job_id).await? {
+        if lease.state.is_live()
+            && let Some(restarted) = state.store.restart_lease(lease.id).await?
+        {
+            state
+                .store
+                .append_lease_event(lease.id, restarted.epoch, "restarted", why, now)
+                .await?;
+        }
+    }
+    tracing::warn!(job = job_id, %why, "restarting a gang");
+    state.wake.notify_one();
+    Ok(())
+}
+
+/// How many replicas `job_id` asked for (0 when it is gone).
+async fn gang_replicas(state: &AppState, job_id: i64) -> ApiResult<u32> {
+    Ok(state
+        .store
+        .job(job_id)
+        .await?
+        .map_or(0, |job| crate::wire::job_request(&job).replicas))
+}
+
+/// A gang replica that failed before its gang started (its image missing, a dataset that would
+/// not stage): the start barrier kept every replica from running its command, so the gang is
+/// placed again whole, without that node; the reason is the job's.
+#[allow(clippy::too_many_arguments)]
+async fn gang_start_failed(
+    state: &AppState,
+    node_id: i64,
+    lease: &store::LeaseRecord,
+    epoch: i64,
+    reason: &str,
+    event_detail: &str,
+    now: i64,
+) -> ApiResult<bool> {
+    let Some(ended) = state.store.end_lease(lease.id, LeaseState::Failed, reason, now).await? else {
+        return Ok(false);
+    };
+    if let Some(view) = state.view.lock().await.as_mut() {
+        view.release(ended.id);
+    }
+    state
+        .store
+        .append_lease_event(lease.id, epoch, LeaseState::Failed.as_str(), event_detail, now)
+        .await?;
+    state.store.record_outcome(node_id, LEASE_JOB_FAILED, now).await?;
+    state.store.avoid_node(lease.job_id, node_id).await?;
+    let node = state.store.node(node_id).await?.map_or_else(
+        || format!("node {node_id}"),
+        |node| format!("node {:?}", node.node.name),
+    );
+    let why = format!(
+        "replica {} could not start on {node}: {reason}; placed again without that node",
+        lease.lease.replica
+    );
+    restart_jobs(state, &[lease.job_id], &why, now).await?;
+    state.wake.notify_one();
+    Ok(true)
+}
+
+/// Gangs whose start barrier has waited past `timeout_us`: placed again whole, without the
+/// nodes whose replicas were not staged in time.
+pub async fn unassembled_gangs(state: &AppState, timeout_us: i64, now: i64) -> ApiResult<()> {
+    for job_id in state.store.gangs_assembling_since(now - timeout_us).await? {
+        let late: Vec<store::GangMember> = state
+            .store
+            .gang_members(job_id)
+            .await?
+            .into_iter()
+            .filter(|member| member.port.is_none() && member.state != LeaseState::Running)
+            .collect();
+        let mut nodes = Vec::new();
+        for member in &late {
+            state.store.avoid_node(job_id, member.node_id).await?;
+            nodes.push(member.node_id.to_string());
+        }
+        nodes.dedup();
+        let why = format!(
+            "its gang did not assemble within {} s (not staged on node {}); placed again without them",
+            timeout_us / 1_000_000,
+            nodes.join(", ")
+        );
+        tracing::warn!(job = job_id, %why, "a gang missed its start barrier");
+        restart_jobs(state, &[job_id], &why, now).await?;
+    }
+    Ok(())
+}
+
 /// A job whose leases all ended: finished if every replica finished, else failed; its escrow is released.
 pub async fn settle_job(state: &AppState, job_id: i64) -> ApiResult<()> {
     let Some(job) = state.store.job(job_id).await? else {
@@ -101,7 +223,12 @@ pub async fn settle_job(state: &AppState, job_id: i64) -> ApiResult<()> {
     if job.state != JobState::Running {
         return Ok(());
     }
-    let leases = state.store.leases_of_job(job_id).await?;
+    let mut leases = state.store.leases_of_job(job_id).await?;
+    // A replica that failed before an earlier placement of the job (a gang replica that could
+    // not start, placed again without its node) does not fail this one.
+    if let Some(since) = job.gang_since {
+        leases.retain(|lease| lease.state != LeaseState::Failed || lease.ended_at.is_none_or(|at| at >= since));
+    }
     if leases.iter().any(|lease| lease.state.is_live()) {
         if leases.iter().any(|lease| lease.state == LeaseState::Failed) {
             end_job(

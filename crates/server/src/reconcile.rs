@@ -184,7 +184,12 @@ pub struct Cursor {
     pub trust_checked_at: i64,
     /// When the last pass looked whether canaries are due.
     pub canaries_checked_at: i64,
+    /// When the last pass looked for gangs past their start barrier's deadline.
+    pub gangs_checked_at: i64,
 }
+
+/// How often the leader looks for gangs past their start barrier's deadline.
+pub const GANG_CHECK_EVERY_US: i64 = 1_000_000;
 
 /// How often the leader looks whether reputations moved enough to build its view again.
 pub const TRUST_CHECK_EVERY_US: i64 = 30_000_000;
@@ -298,6 +303,10 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
             "a lease ran past its maximum runtime"
         );
         settle_job(state, ended.job_id).await?;
+    }
+    if now - cursor.gangs_checked_at >= GANG_CHECK_EVERY_US {
+        cursor.gangs_checked_at = now;
+        crate::lifecycle::unassembled_gangs(state, state.config.gang_start_timeout_us(), now).await?;
     }
     place_queued(state, now, reasons).await?;
     // After the placements: canaries take only the GPUs work left idle.
@@ -480,9 +489,33 @@ async fn repair_gang(state: &AppState, job_id: i64, lost: &[model::Lease], now: 
         }
     }
     Metrics::add(&state.metrics.leases_granted, records.len() as u64);
+    // A new epoch of the gang's rendezvous: by default its survivors start again with the new
+    // peers, from the job's checkpoint; a job that re-rendezvous itself keeps them running.
+    let keep = crate::wire::job_request(&job).gang_repair.as_deref() == Some("keep");
+    if !keep {
+        let new: Vec<i64> = records.iter().map(|record| record.id).collect();
+        for survivor in state.store.leases_of_job(job_id).await? {
+            if survivor.state.is_live()
+                && !new.contains(&survivor.id)
+                && let Some(restarted) = state.store.restart_lease(survivor.id).await?
+            {
+                state
+                    .store
+                    .append_lease_event(
+                        survivor.id,
+                        restarted.epoch,
+                        "restarted",
+                        "its gang was repaired after a node loss: starting again with the new peers",
+                        now,
+                    )
+                    .await?;
+            }
+        }
+    }
     tracing::info!(
         job = job_id,
         replicas = records.len(),
+        keep,
         "repaired a gang after a node loss"
     );
     Ok(true)

@@ -112,6 +112,12 @@ pub fn node_view(record: &NodeRecord, reliability: f64, live_leases: i64, earnin
         site: node.site.clone(),
         fabric: node.fabric.clone(),
         nvlink_domain: node.nvlink_domain.clone(),
+        nvlink_source: node.nvlink_source.clone(),
+        nvlink_detected: node.nvlink_detected.clone(),
+        advertise_addr: node.advertise_addr.clone(),
+        gang_ports: node.gang_ports.clone(),
+        latitude: node.latitude,
+        longitude: node.longitude,
         simulated: node.simulated,
         runtimes: node
             .runtimes

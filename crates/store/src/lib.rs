@@ -15,6 +15,7 @@ use std::time::Duration;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyConnection, AnyPool, Connection, Row};
 
+pub use gangs::GangMember;
 pub use jobs::{JobEnd, PlacementWrite};
 pub use ledger::LedgerOutcome;
 /// The lease states are the model's: one enum from the matcher to the database.
@@ -276,6 +277,7 @@ impl Store {
 }
 
 mod accounts;
+mod gangs;
 mod jobs;
 mod ledger;
 mod nodes;

@@ -12,7 +12,8 @@ const HEARTBEATS_PER_STATEMENT_MAX: usize = 512;
 
 const NODE_COLUMNS: &str = "id, provider_id, name, public_key, fingerprint, fingerprint_changed_at, region, site, \
     fabric, nvlink_domain, latitude, longitude, gpu_model, gpu_count, cpu_milli, memory_mib, network_mbit_s, \
-    simulated, policy, datasets, registered_at, updated_at, last_heartbeat_at, online, telemetry, over_limit_since, runtimes, fraud_cordoned_at";
+    simulated, policy, datasets, registered_at, updated_at, last_heartbeat_at, online, telemetry, over_limit_since, runtimes, fraud_cordoned_at, \
+    advertise_addr, gang_ports, nvlink_source, nvlink_detected";
 
 fn node_from(row: &AnyRow) -> Result<NodeRecord> {
     Ok(NodeRecord {
@@ -37,6 +38,10 @@ fn node_from(row: &AnyRow) -> Result<NodeRecord> {
             policy: row.try_get("policy")?,
             datasets: row.try_get("datasets")?,
             runtimes: row.try_get("runtimes")?,
+            advertise_addr: row.try_get("advertise_addr")?,
+            gang_ports: row.try_get("gang_ports")?,
+            nvlink_source: row.try_get("nvlink_source")?,
+            nvlink_detected: row.try_get("nvlink_detected")?,
         },
         fingerprint_changed_at: row.try_get("fingerprint_changed_at")?,
         registered_at: row.try_get("registered_at")?,
@@ -54,8 +59,10 @@ impl Store {
         let row = sqlx::query(
             "INSERT INTO nodes (provider_id, name, public_key, fingerprint, region, site, fabric, nvlink_domain, \
              latitude, longitude, gpu_model, gpu_count, cpu_milli, memory_mib, network_mbit_s, simulated, policy, \
-             datasets, registered_at, updated_at, online, runtimes) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $19, 0, $20) \
+             datasets, registered_at, updated_at, online, runtimes, advertise_addr, gang_ports, nvlink_source, \
+             nvlink_detected) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $19, 0, $20, \
+             $21, $22, $23, $24) \
              RETURNING id",
         )
         .bind(node.provider_id)
@@ -78,6 +85,10 @@ impl Store {
         .bind(&node.datasets)
         .bind(now)
         .bind(&node.runtimes)
+        .bind(&node.advertise_addr)
+        .bind(&node.gang_ports)
+        .bind(&node.nvlink_source)
+        .bind(&node.nvlink_detected)
         .fetch_one(&self.pool)
         .await
         .map_err(|error| {
@@ -114,6 +125,29 @@ impl Store {
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>> {
         let query = format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY id");
         let rows = sqlx::query(sqlx::AssertSqlSafe(query)).fetch_all(&self.pool).await?;
+        rows.iter().map(node_from).collect()
+    }
+
+    /// Nodes that declare the NVLink domain `domain` of `site` and `fabric`, or that NVML put in
+    /// the multi-node fabric `detected` (`nvl-…`): what a registration's domain is checked against.
+    pub async fn nodes_sharing_nvlink(
+        &self,
+        site: &str,
+        fabric: &str,
+        domain: &str,
+        detected: &str,
+    ) -> Result<Vec<NodeRecord>> {
+        let query = format!(
+            "SELECT {NODE_COLUMNS} FROM nodes WHERE (site = $1 AND fabric = $2 AND nvlink_domain = $3 AND $3 <> '') \
+             OR (nvlink_detected = $4 AND $4 LIKE 'nvl-%') ORDER BY id"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(site)
+            .bind(fabric)
+            .bind(domain)
+            .bind(detected)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(node_from).collect()
     }
 

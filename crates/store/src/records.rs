@@ -82,7 +82,10 @@ impl Store {
     pub async fn insert_attestation(&self, attestation: &AttestationRow) -> Result<bool> {
         let done = sqlx::query(
             "INSERT INTO attestations (lease_id, epoch, node_id, body, signature, received_at) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+             VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (lease_id) DO UPDATE SET epoch = excluded.epoch, node_id = excluded.node_id, \
+             body = excluded.body, signature = excluded.signature, received_at = excluded.received_at \
+             WHERE attestations.epoch < excluded.epoch",
         )
         .bind(attestation.lease_id)
         .bind(attestation.epoch)
@@ -92,7 +95,10 @@ impl Store {
         .bind(attestation.received_at)
         .execute(&self.pool)
         .await;
+        // A lease started again at a newer epoch (its gang restarted) ends once more: its newest
+        // attestation replaces the older one; another at the same epoch is refused.
         match done {
+            Ok(done) if done.rows_affected() == 0 => Ok(false),
             Ok(_) => Ok(true),
             Err(error) if is_unique_violation(&error) => Ok(false),
             Err(error) => Err(error.into()),

@@ -103,6 +103,12 @@ pub struct NewNode {
     pub datasets: String,
     /// The runtimes its agent runs replicas in, comma-separated ("container,process").
     pub runtimes: String,
+    /// Where gang peers reach its replicas, and the ports its agent hands out ("29500-29999").
+    pub advertise_addr: String,
+    pub gang_ports: String,
+    /// Where its NVLink domain came from, and what NVML reported (see `api::NodeRegistration`).
+    pub nvlink_source: String,
+    pub nvlink_detected: String,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -155,6 +161,14 @@ pub struct JobRecord {
     pub state_reason: String,
     pub submitted_at: i64,
     pub updated_at: i64,
+    /// Grows at each placement and gang repair: a new rendezvous of the gang's replicas.
+    pub gang_epoch: i64,
+    /// When the gang's current start barrier began (its last placement or repair).
+    pub gang_since: Option<i64>,
+    /// Store ids of the nodes the job is not placed on (a replica could not start there), sorted.
+    pub avoid_nodes: Vec<i64>,
+    /// How often the gang started again, whole, after a replica failed.
+    pub gang_restarts: i64,
 }
 
 /// A lease the matcher decided; the store gives it an id and epoch 1.

@@ -108,6 +108,10 @@ fn node(provider_id: i64, name: &str) -> NewNode {
         policy: "{}".to_string(),
         datasets: "[]".to_string(),
         runtimes: "container,process".to_string(),
+        advertise_addr: String::new(),
+        gang_ports: String::new(),
+        nvlink_source: String::new(),
+        nvlink_detected: String::new(),
     }
 }
 

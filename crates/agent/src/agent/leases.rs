@@ -70,6 +70,8 @@ impl<E: Executor> Agent<E> {
             leases.iter().map(|lease| (lease.lease.id, lease.lease.epoch)).collect();
         self.ended.retain(|lease| listed.contains(lease));
         self.left_running.retain(|lease| listed.contains(lease));
+        // A staged replica whose lease ended or moved on waits for nothing.
+        self.staged.retain(|id, staged| listed.contains(&(*id, staged.epoch)));
         // GPUs still held: by running replicas (a preempted one in its grace period among them)
         // and by replicas being stopped. A new lease on them waits until they are free.
         let mut busy: Vec<u8> = self
@@ -81,7 +83,15 @@ impl<E: Executor> Agent<E> {
         for lease in leases {
             let id = lease.lease.id;
             if let Some(run) = self.runs.get_mut(&id) {
+                let moved = lease
+                    .gang
+                    .as_ref()
+                    .filter(|gang| run.lease.gang.as_ref().is_some_and(|before| before.epoch != gang.epoch));
+                let moved = moved.cloned();
                 run.lease = lease.clone();
+                if let Some(gang) = moved {
+                    self.gang_moved(id, &gang);
+                }
                 continue;
             }
             if !matches!(lease.lease.state.as_str(), "pending" | "staging" | "running")
@@ -105,13 +115,34 @@ impl<E: Executor> Agent<E> {
                 continue;
             }
             busy.extend(lease.lease.gpu_indices.iter().copied());
+            if self.staged.contains_key(&id) {
+                // Staged: it starts once the coordinator hands it its gang's rendezvous.
+                if let Some(gang) = &lease.gang
+                    && let Some(staged) = self.staged.remove(&id)
+                {
+                    self.start_gang_replica(lease, staged, gang).await;
+                }
+                continue;
+            }
             self.stop_canaries_on(&lease.lease.gpu_indices);
             self.launch(lease).await;
         }
         self.save_runs();
     }
 
-    async fn report(
+    /// Reports a gang replica staged, with the port reserved for it.
+    pub(super) async fn report_staged(&self, lease: &AgentLease, port: u16) -> Result<(), ClientError> {
+        let event = LeaseEventRequest {
+            epoch: lease.lease.epoch,
+            state: "staged".to_string(),
+            exit_code: None,
+            detail: String::new(),
+            port: Some(port),
+        };
+        self.client.event(&self.key, self.node_id, lease.lease.id, &event).await
+    }
+
+    pub(super) async fn report(
         &self,
         lease: &AgentLease,
         state: &str,
@@ -123,6 +154,7 @@ impl<E: Executor> Agent<E> {
             state: state.to_string(),
             exit_code,
             detail: detail.chars().take(128).collect::<String>().replace(['\n', '\r'], " "),
+            port: None,
         };
         self.client.event(&self.key, self.node_id, lease.lease.id, &event).await
     }
@@ -140,7 +172,13 @@ impl<E: Executor> Agent<E> {
             gpu_indices: lease.lease.gpu_indices.clone(),
             memory_mib: u64::try_from(lease.lease.memory_mib).unwrap_or(0),
             cpu_milli: u32::try_from(lease.lease.cpu_milli).unwrap_or(0),
-            network: job.network.clone(),
+            // A gang's replicas reach each other on their hosts' addresses and reserved ports.
+            network: if super::gang::is_gang(lease) {
+                "host".to_string()
+            } else {
+                job.network.clone()
+            },
+            shm_mib: self.config.topology.shm_mib,
             scratch_dir: lease_dir.join("scratch"),
             checkpoint_dir: job.checkpoint_dir.as_ref().map(|_| {
                 self.config
@@ -170,6 +208,16 @@ impl<E: Executor> Agent<E> {
                 return;
             }
         }
+        if super::gang::is_gang(lease) {
+            self.stage_gang_replica(lease, spec).await;
+            return;
+        }
+        self.start_replica(lease, spec).await;
+    }
+
+    /// Starts a replica whose lease is staged (and, for a gang, whose gang assembled).
+    pub(super) async fn start_replica(&mut self, lease: &AgentLease, spec: RunSpec) {
+        let id = lease.lease.id;
         let log = self.resume_log_of(&spec);
         match self.executor.start(&spec).await {
             Ok(handle) => {

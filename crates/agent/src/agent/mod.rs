@@ -20,6 +20,7 @@ use crate::guard::Guards;
 use crate::state::{self, NodeState, RunRecord};
 
 mod canaries;
+mod gang;
 mod leases;
 mod logs;
 mod metering;
@@ -28,6 +29,7 @@ mod progress;
 use leases::{feed_guards, poll_leases};
 
 pub use canaries::{CANARIES_RUNNING_MAX, CANARY_IDS_REMEMBERED_MAX, CANARY_REPORT_ATTEMPTS_MAX, CANARY_RUN_MAX};
+pub use gang::{PORT_VAR, RENDEZVOUS_FILE, gang_env, reserve_port};
 pub use leases::LEASE_POLL_WAIT_MS;
 pub use logs::{LOG_CHUNK_BYTES, LOG_SETTLE};
 
@@ -63,6 +65,49 @@ pub struct AgentConfig {
     /// The `fallow` binary, started as `PROGRAM canary run ...` for each canary order; `None`
     /// runs `crate::canary::run_canary` on a blocking thread of this process instead.
     pub canary_program: Option<PathBuf>,
+    /// Where the node sits and how its gang replicas are reached.
+    pub topology: NodeTopology,
+}
+
+/// Where a node sits in the interconnect and on the map, and how a gang's other replicas reach
+/// its replicas: what it registers, and what its gang replicas are started with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeTopology {
+    /// The NVLink domain's name ("": the node alone), where it came from ("flag",
+    /// "nvml-fabric", "nvswitch", "node") and what NVML reported ("" when nothing).
+    pub nvlink_domain: String,
+    pub nvlink_source: String,
+    pub nvlink_detected: String,
+    /// The site's coordinates (0, 0: unknown; the coordinator's sites table may know them).
+    pub latitude: f64,
+    pub longitude: f64,
+    /// The address gang peers reach this node at ("": the one the coordinator sees).
+    pub advertise_addr: String,
+    /// The ports handed to gang replicas, first and last.
+    pub gang_ports: (u16, u16),
+    /// `/dev/shm` for each replica in MiB (NCCL's buffers); 0: the executor's default.
+    pub shm_mib: u64,
+}
+
+/// The ports handed to gang replicas unless told otherwise (torchrun's default master port
+/// is the first).
+pub const GANG_PORTS_DEFAULT: (u16, u16) = (29_500, 29_999);
+/// A replica's `/dev/shm` unless told otherwise: NCCL wants far more than Docker's 64 MiB.
+pub const SHM_MIB_DEFAULT: u64 = 8 * 1024;
+
+impl Default for NodeTopology {
+    fn default() -> NodeTopology {
+        NodeTopology {
+            nvlink_domain: String::new(),
+            nvlink_source: "node".to_string(),
+            nvlink_detected: String::new(),
+            latitude: 0.0,
+            longitude: 0.0,
+            advertise_addr: String::new(),
+            gang_ports: GANG_PORTS_DEFAULT,
+            shm_mib: SHM_MIB_DEFAULT,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +189,8 @@ pub struct Agent<E: Executor> {
     /// Canary ids seen, oldest first (each runs at most once), with a set to look them up.
     canaries_seen: std::collections::VecDeque<i64>,
     canaries_seen_set: std::collections::HashSet<i64>,
+    /// Gang replicas staged and waiting for their gang's start barrier, by lease id.
+    staged: HashMap<i64, gang::Staged>,
 }
 
 fn now_ms() -> i64 {
@@ -185,9 +232,13 @@ impl<E: Executor> Agent<E> {
                     region: config.region.clone(),
                     site: config.site.clone(),
                     fabric: config.fabric.clone(),
-                    nvlink_domain: format!("{}-board", config.name),
-                    latitude: 0.0,
-                    longitude: 0.0,
+                    nvlink_domain: config.topology.nvlink_domain.clone(),
+                    nvlink_source: config.topology.nvlink_source.clone(),
+                    nvlink_detected: config.topology.nvlink_detected.clone(),
+                    latitude: config.topology.latitude,
+                    longitude: config.topology.longitude,
+                    advertise_addr: config.topology.advertise_addr.clone(),
+                    gang_ports: format!("{}-{}", config.topology.gang_ports.0, config.topology.gang_ports.1),
                     simulated: inventory.simulated,
                     policy: config.policy.clone(),
                     runtimes: executor.runtimes(),
@@ -228,6 +279,7 @@ impl<E: Executor> Agent<E> {
             canaries: HashMap::new(),
             canaries_seen: std::collections::VecDeque::new(),
             canaries_seen_set: std::collections::HashSet::new(),
+            staged: HashMap::new(),
         })
     }
 

@@ -93,6 +93,31 @@ impl DockerExecutor {
         let _ = self.docker.remove_container(container, Some(options)).await;
     }
 
+    /// The replica's image, pulled first when it is not on the node.
+    async fn image(&self, spec: &RunSpec) -> Result<bollard::models::ImageInspect, ExecError> {
+        if spec.image.is_empty() {
+            return Err(ExecError::Start("the job names no image".into()));
+        }
+        if let Ok(image) = self.docker.inspect_image(&spec.image).await {
+            return Ok(image);
+        }
+        // Not here yet: pull it (from the registry its name says), then look again.
+        self.pull(&spec.image).await.map_err(|cause| {
+            ExecError::Image(format!(
+                "image '{}' is not on this node and could not be pulled: {}",
+                spec.image,
+                cause_first(&cause)
+            ))
+        })?;
+        self.docker.inspect_image(&spec.image).await.map_err(|error| {
+            ExecError::Image(format!(
+                "image '{}' is not on this node after its pull: {}",
+                spec.image,
+                cause_first(&pull_error_text(error))
+            ))
+        })
+    }
+
     /// Pulls `image` (a name with a tag or digest; `latest` when it has neither), waiting for the
     /// pull to end. The error is why, in the Engine's words (what `docker pull` prints).
     async fn pull(&self, image: &str) -> Result<(), String> {
@@ -174,30 +199,12 @@ impl Executor for DockerExecutor {
         vec!["container".to_string()]
     }
 
+    async fn prepare(&self, spec: &RunSpec) -> Result<(), ExecError> {
+        self.image(spec).await.map(|_| ())
+    }
+
     async fn start(&self, spec: &RunSpec) -> Result<DockerHandle, ExecError> {
-        if spec.image.is_empty() {
-            return Err(ExecError::Start("the job names no image".into()));
-        }
-        let image = match self.docker.inspect_image(&spec.image).await {
-            Ok(image) => image,
-            Err(_) => {
-                // Not here yet: pull it (from the registry its name says), then look again.
-                self.pull(&spec.image).await.map_err(|cause| {
-                    ExecError::Image(format!(
-                        "image '{}' is not on this node and could not be pulled: {}",
-                        spec.image,
-                        cause_first(&cause)
-                    ))
-                })?;
-                self.docker.inspect_image(&spec.image).await.map_err(|error| {
-                    ExecError::Image(format!(
-                        "image '{}' is not on this node after its pull: {}",
-                        spec.image,
-                        cause_first(&pull_error_text(error))
-                    ))
-                })?
-            }
-        };
+        let image = self.image(spec).await?;
         let image_digest = image
             .repo_digests
             .as_ref()
@@ -228,6 +235,10 @@ impl Executor for DockerExecutor {
         env.push(format!("FALLOW_EPOCH={}", spec.epoch));
         env.push("FALLOW_SCRATCH_DIR=/scratch".into());
         env.push(format!("FALLOW_PROGRESS_FILE=/scratch/{}", super::PROGRESS_FILE));
+        env.push(format!(
+            "FALLOW_RENDEZVOUS_FILE=/scratch/{}",
+            crate::agent::RENDEZVOUS_FILE
+        ));
         if spec.checkpoint_dir.is_some() {
             env.push("FALLOW_CHECKPOINT_DIR=/checkpoint".into());
         }
@@ -243,7 +254,15 @@ impl Executor for DockerExecutor {
             memory_swap: (memory > 0).then_some(memory),
             pids_limit: Some(PIDS_MAX),
             nano_cpus: (spec.cpu_milli > 0).then(|| i64::from(spec.cpu_milli) * 1_000_000),
-            network_mode: Some(if spec.network == "bridge" { "bridge" } else { "none" }.into()),
+            network_mode: Some(
+                match spec.network.as_str() {
+                    "bridge" => "bridge",
+                    "host" => "host",
+                    _ => "none",
+                }
+                .into(),
+            ),
+            shm_size: (spec.shm_mib > 0).then(|| i64::try_from(spec.shm_mib << 20).unwrap_or(i64::MAX)),
             binds: Some(binds),
             device_requests,
             ..HostConfig::default()

@@ -70,6 +70,14 @@ impl Executor for DualExecutor {
         runtimes
     }
 
+    async fn prepare(&self, spec: &RunSpec) -> Result<(), ExecError> {
+        if self.as_process(spec) {
+            self.process.prepare(spec).await
+        } else {
+            self.docker()?.prepare(spec).await
+        }
+    }
+
     async fn start(&self, spec: &RunSpec) -> Result<DualHandle, ExecError> {
         if self.as_process(spec) {
             Ok(DualHandle::Process(self.process.start(spec).await?))

@@ -29,8 +29,12 @@ pub struct RunSpec {
     pub gpu_indices: Vec<u8>,
     pub memory_mib: u64,
     pub cpu_milli: u32,
-    /// "none" or "bridge".
+    /// "none", "bridge", or "host" (a gang's replicas: they reach each other on the hosts'
+    /// addresses and the ports their agents reserved).
     pub network: String,
+    /// Shared memory for the replica in MiB (`/dev/shm`; NCCL needs far more than Docker's
+    /// 64 MiB); 0: the executor's default.
+    pub shm_mib: u64,
     /// The replica's scratch directory, removed after it ends.
     pub scratch_dir: PathBuf,
     /// Kept across preemptions and restarts when the job asked for one.
@@ -75,6 +79,13 @@ pub trait Executor: Send + Sync + 'static {
     /// The runtimes this executor runs replicas in ("container", "process"): the node registers
     /// them, and jobs that name another runtime are not placed on it.
     fn runtimes(&self) -> Vec<String>;
+
+    /// Makes sure the replica could start here (its image is on the node, pulled if need be;
+    /// its program exists), without starting it: a gang's replicas do this before the start
+    /// barrier, so none runs its command while another cannot start.
+    fn prepare(&self, _spec: &RunSpec) -> impl Future<Output = Result<(), ExecError>> + Send {
+        async { Ok(()) }
+    }
 
     /// Starts a replica; returns once it runs.
     fn start(&self, spec: &RunSpec) -> impl Future<Output = Result<Self::Handle, ExecError>> + Send;

@@ -113,6 +113,32 @@ impl Executor for ProcessExecutor {
         vec!["process".to_string()]
     }
 
+    async fn prepare(&self, spec: &RunSpec) -> Result<(), ExecError> {
+        let program = if spec.image.is_empty() {
+            spec.command.first().cloned().unwrap_or_default()
+        } else {
+            spec.image.clone()
+        };
+        if program.is_empty() {
+            return Err(ExecError::Start(
+                "the job names no program: give an image or a command".into(),
+            ));
+        }
+        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+        let found = if program.contains('/') {
+            executable(std::path::Path::new(&program))
+        } else {
+            std::env::split_paths(&path).any(|dir| executable(&dir.join(&program)))
+        };
+        if found {
+            Ok(())
+        } else {
+            Err(ExecError::Image(format!(
+                "program '{program}' is not on this node (or not executable)"
+            )))
+        }
+    }
+
     async fn start(&self, spec: &RunSpec) -> Result<ProcessHandle, ExecError> {
         let (program, args) = if spec.image.is_empty() {
             let (first, rest) = spec
@@ -152,6 +178,10 @@ impl Executor for ProcessExecutor {
             .env("FALLOW_EPOCH", spec.epoch.to_string())
             .env("FALLOW_SCRATCH_DIR", &spec.scratch_dir)
             .env("FALLOW_PROGRESS_FILE", spec.scratch_dir.join(super::PROGRESS_FILE))
+            .env(
+                "FALLOW_RENDEZVOUS_FILE",
+                spec.scratch_dir.join(crate::agent::RENDEZVOUS_FILE),
+            )
             .envs(&spec.env)
             .stdin(std::process::Stdio::null())
             .stdout(log)
@@ -267,4 +297,10 @@ impl Executor for ProcessExecutor {
     async fn clean_up(&self, spec: &RunSpec) {
         let _ = tokio::fs::remove_dir_all(&spec.scratch_dir).await;
     }
+}
+
+/// Whether `path` is a file this process may execute.
+fn executable(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
 }

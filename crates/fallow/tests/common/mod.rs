@@ -155,6 +155,11 @@ impl Coordinator {
     /// waits until it answers `/v1/health`. Its stderr (JSON logs) goes to `LOG_DIR/NAME.log`,
     /// appended across restarts.
     pub async fn start(name: &str, database: &str, data_dir: &Path, log_dir: &Path) -> Coordinator {
+        Coordinator::start_with(name, database, data_dir, log_dir, &[]).await
+    }
+
+    /// `start`, with more arguments for `fallow server` (`--heartbeat-timeout-ms 3000`, …).
+    pub async fn start_with(name: &str, database: &str, data_dir: &Path, log_dir: &Path, args: &[&str]) -> Coordinator {
         let log = log_dir.join(format!("{name}.log"));
         for _ in 0..START_ATTEMPTS_MAX {
             // A free port now; another process may take it before the server binds, so retry.
@@ -173,6 +178,7 @@ impl Coordinator {
                 .arg(format!("127.0.0.1:{port}"))
                 .arg("--data-dir")
                 .arg(data_dir)
+                .args(args)
                 .env_remove("FALLOW_DATABASE")
                 .env_remove("FALLOW_LISTEN")
                 .env_remove("FALLOW_DATA_DIR")
@@ -424,6 +430,10 @@ pub async fn set_up_market(
                 ..PolicyDoc::default()
             },
             runtimes: Vec::new(),
+            advertise_addr: String::new(),
+            gang_ports: String::new(),
+            nvlink_source: String::new(),
+            nvlink_detected: String::new(),
         };
         let node: NodeView = call(
             http,

@@ -186,6 +186,7 @@ mod tests {
                 end_reason: String::new(),
             },
             job: api::JobRequest::default(),
+            gang: None,
         }
     }
 

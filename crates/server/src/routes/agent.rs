@@ -16,6 +16,7 @@ use crate::extract::{Path, Query, Signed};
 use crate::lease_hints::Hint;
 use crate::lifecycle::replica_ended;
 use crate::metrics::Metrics;
+use crate::rendezvous::rendezvous;
 use crate::state::AppState;
 use crate::wire::{job_request, lease_view};
 
@@ -25,9 +26,20 @@ async fn agent_leases(state: &AppState, node_id: i64) -> ApiResult<Vec<AgentLeas
     let mut out = Vec::new();
     for lease in state.store.live_leases_of_node(node_id).await? {
         let job = state.store.job(lease.job_id).await?;
+        let request = job.as_ref().map(job_request).unwrap_or_default();
+        let gang = match &job {
+            Some(job) if request.replicas > 1 => {
+                let members = state.store.gang_members(job.id).await?;
+                rendezvous(&members, request.replicas, job.gang_epoch)
+                    .and_then(|views| views.into_iter().find(|(id, _)| *id == lease.id))
+                    .map(|(_, view)| view)
+            }
+            _ => None,
+        };
         out.push(AgentLease {
             lease: lease_view(&lease),
-            job: job.as_ref().map(job_request).unwrap_or_default(),
+            job: request,
+            gang,
         });
     }
     Ok(out)
@@ -148,8 +160,12 @@ fn lease_set_version(leases: &[AgentLease]) -> String {
     let mut text = String::new();
     for lease in leases {
         text.push_str(&format!(
-            "{}:{}:{}:{:?};",
-            lease.lease.id, lease.lease.epoch, lease.lease.state, lease.lease.preempt_at_us
+            "{}:{}:{}:{:?}:{:?};",
+            lease.lease.id,
+            lease.lease.epoch,
+            lease.lease.state,
+            lease.lease.preempt_at_us,
+            lease.gang.as_ref().map(|gang| (gang.epoch, &gang.peers))
         ));
     }
     trust::body_digest_hex(text.as_bytes())[..16].to_string()
@@ -210,6 +226,9 @@ pub async fn lease_event(
 ) -> ApiResult<Json<LeaseView>> {
     let lease = node_lease(&state, signed.node_id, lease_id, false).await?;
     let event = &signed.body;
+    if event.state == "staged" {
+        return lease_staged(&state, &lease, event).await;
+    }
     let to = match event.state.as_str() {
         "staging" => LeaseState::Staging,
         "running" => LeaseState::Running,
@@ -217,7 +236,7 @@ pub async fn lease_event(
         "failed" => LeaseState::Failed,
         other => {
             return Err(ApiError::BadRequest(format!(
-                "state: {other:?} is not staging, running, finished or failed"
+                "state: {other:?} is not staging, staged, running, finished or failed"
             )));
         }
     };
@@ -261,6 +280,34 @@ pub async fn lease_event(
     let lease = state
         .store
         .lease(lease_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("lease".into()))?;
+    Ok(Json(lease_view(&lease)))
+}
+
+/// A gang replica staged (datasets there, image present) with the port its agent reserved: once
+/// every replica of the gang is, the lease set hands them the rendezvous (the start barrier).
+async fn lease_staged(
+    state: &AppState,
+    lease: &store::LeaseRecord,
+    event: &LeaseEventRequest,
+) -> ApiResult<Json<LeaseView>> {
+    let port = event.port.filter(|port| *port > 0).ok_or_else(|| {
+        ApiError::BadRequest("port: a staged replica names the port its agent reserved (1–65535)".into())
+    })?;
+    if !state.store.stage_lease(lease.id, event.epoch, port).await? {
+        return Err(ApiError::Conflict(format!(
+            "lease {} is not live at epoch {} (now epoch {}, {}): stop it",
+            lease.id, event.epoch, lease.epoch, lease.state
+        )));
+    }
+    state
+        .store
+        .append_lease_event(lease.id, event.epoch, "staged", &format!("port {port}"), state.now_us())
+        .await?;
+    let lease = state
+        .store
+        .lease(lease.id)
         .await?
         .ok_or_else(|| ApiError::NotFound("lease".into()))?;
     Ok(Json(lease_view(&lease)))

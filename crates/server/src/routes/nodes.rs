@@ -9,7 +9,7 @@ use model::GpuCatalog;
 use store::{NewNode, Role};
 
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{Auth, JsonBody, Path};
+use crate::extract::{Auth, JsonBody, Path, PeerAddr};
 use crate::state::AppState;
 use crate::wire::node_view;
 
@@ -18,9 +18,27 @@ use super::{AppStateRef, check_name, own_node, require};
 pub async fn register_node(
     State(state): AppStateRef,
     Auth(caller): Auth,
+    PeerAddr(peer): PeerAddr,
     JsonBody(registration): JsonBody<NodeRegistration>,
 ) -> ApiResult<(StatusCode, Json<NodeView>)> {
     require(&caller, &[Role::Provider])?;
+    check_name("advertise_addr", &registration.advertise_addr, false)?;
+    check_name("nvlink_detected", &registration.nvlink_detected, false)?;
+    if !matches!(
+        registration.nvlink_source.as_str(),
+        "" | "flag" | "nvml-fabric" | "nvswitch" | "node"
+    ) {
+        return Err(ApiError::BadRequest(format!(
+            "nvlink_source: {:?} is not flag, nvml-fabric, nvswitch or node",
+            registration.nvlink_source
+        )));
+    }
+    if !registration.gang_ports.is_empty() && parse_port_range(&registration.gang_ports).is_none() {
+        return Err(ApiError::BadRequest(format!(
+            "gang_ports: {:?} is not a port range FIRST-LAST within 1–65535",
+            registration.gang_ports
+        )));
+    }
     check_name("name", &registration.name, true)?;
     check_name("region", &registration.region, true)?;
     check_name("site", &registration.site, true)?;
@@ -54,6 +72,12 @@ pub async fn register_node(
         ));
     }
     registration.policy.to_model()?;
+    check_nvlink_domain(&state, &registration).await?;
+    let advertise_addr = if registration.advertise_addr.is_empty() {
+        peer.map(|ip| ip.to_string()).unwrap_or_default()
+    } else {
+        registration.advertise_addr.clone()
+    };
     let mut runtimes: Vec<model::Runtime> = Vec::new();
     for name in &registration.runtimes {
         let runtime = model::Runtime::parse(name)
@@ -95,6 +119,10 @@ pub async fn register_node(
                 policy,
                 datasets: "[]".to_string(),
                 runtimes,
+                advertise_addr,
+                gang_ports: registration.gang_ports.clone(),
+                nvlink_source: registration.nvlink_source.clone(),
+                nvlink_detected: registration.nvlink_detected.clone(),
             },
             state.now_us(),
         )
@@ -104,6 +132,57 @@ pub async fn register_node(
         StatusCode::CREATED,
         Json(node_view(&record, trust::rules::Reputation::default().score(), 0, 0)),
     ))
+}
+
+/// `FIRST-LAST` with 1 ≤ FIRST ≤ LAST ≤ 65535.
+fn parse_port_range(text: &str) -> Option<(u16, u16)> {
+    let (first, last) = text.split_once('-')?;
+    let (first, last): (u16, u16) = (first.trim().parse().ok()?, last.trim().parse().ok()?);
+    (first >= 1 && first <= last).then_some((first, last))
+}
+
+/// Refuses a node whose declared NVLink domain disagrees with what NVML reported: a domain
+/// whose members NVML puts in different fabrics (or a node NVML says is NVLinked only inside
+/// itself, joining a domain with other nodes), or an NVML fabric split across declared domains.
+async fn check_nvlink_domain(state: &AppState, registration: &NodeRegistration) -> ApiResult<()> {
+    let detected = registration.nvlink_detected.as_str();
+    if detected.is_empty() {
+        return Ok(());
+    }
+    let domain = registration.nvlink_domain.as_str();
+    let others = state
+        .store
+        .nodes_sharing_nvlink(&registration.site, &registration.fabric, domain, detected)
+        .await?;
+    for other in &others {
+        let theirs = other.node.nvlink_detected.as_str();
+        let same_domain = !domain.is_empty()
+            && other.node.site == registration.site
+            && other.node.fabric == registration.fabric
+            && other.node.nvlink_domain == domain;
+        if same_domain && detected == "node-local" {
+            return Err(ApiError::BadRequest(format!(
+                "nvlink_domain: {domain:?} is shared with node {:?}, but NVML reports this node's NVLink \
+                 reaches only its own GPUs (no multi-node fabric)",
+                other.node.name
+            )));
+        }
+        if same_domain && !theirs.is_empty() && theirs != detected {
+            return Err(ApiError::BadRequest(format!(
+                "nvlink_domain: {domain:?} is shared with node {:?}, but NVML puts this node in fabric {detected} \
+                 and that node in {theirs}",
+                other.node.name
+            )));
+        }
+        if !same_domain && theirs == detected && detected.starts_with("nvl-") {
+            return Err(ApiError::BadRequest(format!(
+                "nvlink_domain: NVML puts this node in fabric {detected} with node {:?}, which declares domain {:?}; \
+                 declare the same domain (or none, to take NVML's)",
+                other.node.name, other.node.nvlink_domain
+            )));
+        }
+    }
+    Ok(())
 }
 
 async fn full_node_view(state: &AppState, record: &store::NodeRecord) -> ApiResult<NodeView> {

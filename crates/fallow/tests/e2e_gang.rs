@@ -1,0 +1,596 @@
+//! Gangs that train, with the real `fallow` binary and Debian's CPU PyTorch: a coordinator and
+//! agents with simulated GPUs on this host. A 2-replica gang placed by the market all-reduces a
+//! tensor over gloo with the rendezvous the agents hand it, as processes and in Docker
+//! containers; a 3-replica training gang loses a node (its agent SIGKILLed), is repaired onto a
+//! spare, resumes from its checkpoint and ends with the loss of an uninterrupted run; a gang
+//! whose replica cannot start on one node runs none of its commands there and is placed again
+//! without it. Without `/usr/bin/python3` and torch (or Docker, for the container test) a test
+//! prints SKIPPED; with `FALLOW_CI_REQUIRE_SERVICES=1` it fails instead.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Coordinator, Scratch, eventually, http, set_up_market, tail};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// Debian's Python, which has torch (`python3` on PATH may be another).
+const PYTHON: &str = "/usr/bin/python3";
+const HEARTBEAT_TIMEOUT_MS: &str = "3000";
+const HEARTBEAT_INTERVAL_MS: &str = "500";
+/// The longest wait for a gang to run to its end (PyTorch takes seconds to import on 2 cores).
+const WITHIN: Duration = Duration::from_secs(240);
+const TORCH_IMAGE: &str = "fallow-torch:test";
+
+fn gang_script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gang").join(name)
+}
+
+/// Why a service the test needs is missing: SKIPPED, or a failure where CI requires services.
+fn skip(test: &str, why: &str) {
+    assert!(
+        std::env::var("FALLOW_CI_REQUIRE_SERVICES").as_deref() != Ok("1"),
+        "{test}: required here (FALLOW_CI_REQUIRE_SERVICES=1): {why}"
+    );
+    eprintln!("SKIPPED {test}: {why}");
+}
+
+fn torch_missing() -> Option<String> {
+    let ok = Command::new(PYTHON)
+        .args(["-c", "import torch.distributed as d; assert d.is_gloo_available()"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    (!ok).then(|| format!("{PYTHON} with torch and gloo is missing (apt-get install python3-torch)"))
+}
+
+/// One `fallow agent` with one simulated GPU. Dropping it kills the process.
+struct AgentProcess {
+    name: String,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl AgentProcess {
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        format!("{} log:\n{}", self.name, tail(&self.log, 4000))
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A coordinator with a 3 s heartbeat timeout that bills simulated nodes, and a funded tenant.
+struct World {
+    scratch: Scratch,
+    server: Coordinator,
+    http: reqwest::Client,
+    tenant_key: String,
+    provider_key: String,
+    database: String,
+}
+
+impl World {
+    async fn new(name: &str) -> World {
+        let scratch = Scratch::new(name);
+        let database = format!("sqlite://{}", scratch.path.join("fallow.db").display());
+        let server = Coordinator::start_with(
+            "coordinator",
+            &database,
+            &scratch.path.join("coordinator"),
+            &scratch.path,
+            &[
+                "--heartbeat-timeout-ms",
+                HEARTBEAT_TIMEOUT_MS,
+                "--heartbeat-interval-ms",
+                HEARTBEAT_INTERVAL_MS,
+                "--bill-simulated",
+                "--gang-start-timeout-ms",
+                "120000",
+            ],
+        )
+        .await;
+        let http = http();
+        let admin_key = server.admin_key().expect("the coordinator wrote its admin key");
+        let market = set_up_market(&http, &server.url, &admin_key, 0, 1).await;
+        World {
+            scratch,
+            server,
+            http,
+            tenant_key: market.tenant_key,
+            provider_key: market.provider_key,
+            database,
+        }
+    }
+
+    /// Starts an agent: `executor` process or docker, `ask` its silver price, `path` the PATH
+    /// its replicas' programs are looked up in.
+    fn agent(&self, name: &str, executor: &str, ask: &str, path: Option<&str>) -> AgentProcess {
+        let log = self.scratch.path.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).expect("create the agent log");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_fallow"));
+        command
+            .args([
+                "agent",
+                "--coordinator",
+                &self.server.url,
+                "--provider-key",
+                &self.provider_key,
+            ])
+            .arg("--data-dir")
+            .arg(self.scratch.path.join(name))
+            .args(["--name", name, "--executor", executor, "--simulate-gpus", "H100-SXM5:1"])
+            .args([
+                "--site",
+                "lab",
+                "--usage-every-s",
+                "1",
+                "--grace-s",
+                "1",
+                "--shm-size",
+                "1g",
+            ])
+            .args(["--asks", &format!("silver={ask}")])
+            .env_remove("FALLOW_COORDINATOR")
+            .env_remove("FALLOW_PROVIDER_KEY")
+            .env_remove("FALLOW_AGENT_DATA_DIR")
+            .env("FALLOW_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("clone the log handle"))
+            .stderr(out);
+        if let Some(path) = path {
+            command.env("PATH", path);
+        }
+        AgentProcess {
+            name: name.to_string(),
+            log,
+            child: Some(command.spawn().expect("spawn fallow agent")),
+        }
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.server.url))
+            .bearer_auth(&self.tenant_key)
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("{path}: {error}"));
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        response.json().await.expect("a JSON answer")
+    }
+
+    async fn admin_get(&self, path: &str) -> Value {
+        let admin_key = self.server.admin_key().expect("the admin key");
+        let response = self
+            .http
+            .get(format!("{}{path}", self.server.url))
+            .bearer_auth(admin_key)
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("{path}: {error}"));
+        response.json().await.expect("a JSON answer")
+    }
+
+    async fn nodes_online(&self, count: usize) {
+        eventually(Duration::from_secs(60), &format!("{count} nodes online"), || async {
+            let nodes = self.admin_get("/v1/nodes").await;
+            let online = nodes.as_array()?.iter().filter(|node| node["online"] == true).count();
+            (online >= count).then_some(())
+        })
+        .await;
+    }
+
+    async fn submit(&self, job: Value) -> i64 {
+        let response = self
+            .http
+            .post(format!("{}/v1/jobs", self.server.url))
+            .bearer_auth(&self.tenant_key)
+            .json(&job)
+            .send()
+            .await
+            .expect("submit the job");
+        let status = response.status();
+        let view: Value = response.json().await.expect("the job's view");
+        assert_eq!(status, StatusCode::CREATED, "{view}");
+        view["id"].as_i64().expect("a job id")
+    }
+
+    /// The job once it has ended (finished or failed), or a panic with the agents' logs.
+    async fn ended(&self, job: i64, agents: &[&AgentProcess]) -> Value {
+        let deadline = Instant::now() + WITHIN;
+        loop {
+            let view = self.get(&format!("/v1/jobs/{job}")).await;
+            if view["state"] == "finished" || view["state"] == "failed" {
+                return view;
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> = agents.iter().map(|agent| agent.log_tail()).collect();
+                panic!(
+                    "job {job} did not end within {WITHIN:?}: {view}\n{}\ncoordinator:\n{}",
+                    logs.join("\n"),
+                    self.server.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Each lease's whole output, by lease id.
+    async fn outputs(&self, job: i64) -> std::collections::BTreeMap<i64, String> {
+        let mut out = std::collections::BTreeMap::new();
+        let mut after = 0;
+        loop {
+            let page = self.get(&format!("/v1/jobs/{job}/logs?after={after}")).await;
+            let chunks = page["chunks"].as_array().cloned().unwrap_or_default();
+            if chunks.is_empty() {
+                return out;
+            }
+            for chunk in &chunks {
+                out.entry(chunk["lease_id"].as_i64().unwrap())
+                    .or_insert_with(String::new)
+                    .push_str(chunk["text"].as_str().unwrap_or(""));
+            }
+            after = page["next_after"].as_i64().unwrap();
+        }
+    }
+
+    async fn lease_events(&self, lease: i64) -> Vec<(String, i64)> {
+        let store = store::Store::open(&self.database).await.expect("open the database");
+        store
+            .lease_events(lease)
+            .await
+            .expect("the lease's events")
+            .into_iter()
+            .map(|event| (event.kind, event.at))
+            .collect()
+    }
+}
+
+fn allreduce_job(image: &str, command: Vec<String>, runtime: &str) -> Value {
+    json!({
+        "name": "allreduce",
+        "image": image,
+        "command": command,
+        "runtime": runtime,
+        "env": {"GLOO_SOCKET_IFNAME": "lo", "FALLOW_GANG_TIMEOUT_S": "60"},
+        "replicas": 2,
+        "gpus": 1,
+        "topology": "site",
+        "tier": "silver",
+        "max_price_per_gpu_hour": "5.00",
+        "max_runtime_s": 600,
+    })
+}
+
+/// Both replicas' output shows the reduced value (1 + 2), each with its own rank.
+async fn assert_all_reduced(world: &World, job: i64, agents: &[&AgentProcess]) {
+    let view = world.ended(job, agents).await;
+    let outputs = world.outputs(job).await;
+    assert_eq!(view["state"], "finished", "{view}\noutputs: {outputs:#?}");
+    let mut ranks = Vec::new();
+    for text in outputs.values() {
+        let line = text
+            .lines()
+            .find(|line| line.starts_with("allreduce "))
+            .unwrap_or_else(|| panic!("no allreduce line in {text}"));
+        assert!(line.ends_with("world=2 sum=3"), "{line}");
+        ranks.push(line.split_whitespace().nth(1).unwrap().to_string());
+    }
+    ranks.sort();
+    assert_eq!(ranks, ["rank=0", "rank=1"], "{outputs:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gang_placed_by_the_market_all_reduces_as_processes() {
+    if let Some(why) = torch_missing() {
+        return skip("a_gang_placed_by_the_market_all_reduces_as_processes", &why);
+    }
+    let world = World::new("gang-allreduce").await;
+    let (first, second) = (
+        world.agent("rig-1", "process", "2.00", None),
+        world.agent("rig-2", "process", "2.00", None),
+    );
+    world.nodes_online(2).await;
+    let script = gang_script("allreduce.py").display().to_string();
+    let job = world.submit(allreduce_job(PYTHON, vec![script], "process")).await;
+    assert_all_reduced(&world, job, &[&first, &second]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gang_placed_by_the_market_all_reduces_in_containers() {
+    let test = "a_gang_placed_by_the_market_all_reduces_in_containers";
+    if let Some(why) = torch_missing() {
+        return skip(test, &why);
+    }
+    let built = Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/torch-image.sh"))
+        .arg(TORCH_IMAGE)
+        .output();
+    match built {
+        Ok(output) if output.status.success() => {}
+        Ok(output) => {
+            return skip(
+                test,
+                &format!(
+                    "scripts/torch-image.sh could not build {TORCH_IMAGE}: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                ),
+            );
+        }
+        Err(error) => return skip(test, &format!("bash: {error}")),
+    }
+    let world = World::new("gang-allreduce-docker").await;
+    let (first, second) = (
+        world.agent("box-1", "docker", "2.00", None),
+        world.agent("box-2", "docker", "2.00", None),
+    );
+    world.nodes_online(2).await;
+    let job = world
+        .submit(allreduce_job(
+            TORCH_IMAGE,
+            vec!["python3".into(), "/opt/fallow-gang/allreduce.py".into()],
+            "container",
+        ))
+        .await;
+    assert_all_reduced(&world, job, &[&first, &second]).await;
+}
+
+/// The final loss a run printed (`final loss=… steps=…`), if it got there.
+fn final_loss(text: &str) -> Option<f64> {
+    text.lines().rev().find_map(|line| {
+        let (_, rest) = line.split_once("final loss=")?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+const TRAIN_ARGS: [&str; 6] = ["--steps", "60", "--checkpoint-every", "5", "--step-sleep", "0.2"];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn training_survives_a_lost_node() {
+    if let Some(why) = torch_missing() {
+        return skip("training_survives_a_lost_node", &why);
+    }
+    let script = gang_script("train.py").display().to_string();
+    // The loss of the same run, uninterrupted: three local ranks.
+    let reference = Command::new("bash")
+        .arg(gang_script("run_local.sh"))
+        .arg("3")
+        .arg(&script)
+        .args(TRAIN_ARGS)
+        .output()
+        .expect("run the reference");
+    let reference_text = String::from_utf8_lossy(&reference.stdout).into_owned();
+    assert!(
+        reference.status.success(),
+        "the reference run failed:\n{reference_text}"
+    );
+    let expected = final_loss(&reference_text).expect("the reference's final loss");
+
+    let world = World::new("gang-repair").await;
+    let mut agents: Vec<AgentProcess> = (1..=3)
+        .map(|index| world.agent(&format!("rig-{index}"), "process", "2.00", None))
+        .collect();
+    world.nodes_online(3).await;
+    let mut command = vec![script.clone(), "--timeout-s".to_string(), "30".to_string()];
+    command.extend(TRAIN_ARGS.iter().map(|arg| arg.to_string()));
+    let job = world
+        .submit(json!({
+            "name": "train",
+            "image": PYTHON,
+            "command": command,
+            "runtime": "process",
+            "env": {"GLOO_SOCKET_IFNAME": "lo"},
+            "replicas": 3,
+            "gpus": 1,
+            "topology": "site",
+            "tier": "silver",
+            "max_price_per_gpu_hour": "5.00",
+            "max_runtime_s": 900,
+            "checkpoint_dir": "/checkpoint",
+        }))
+        .await;
+    // The spare comes once the gang runs on the first three.
+    let first_leases: Vec<Value> = eventually(WITHIN, "the gang checkpointed step 15", || async {
+        let outputs = world.outputs(job).await;
+        let checkpointed = outputs.values().any(|text| text.contains("checkpoint step 15"));
+        let view = world.get(&format!("/v1/jobs/{job}")).await;
+        checkpointed.then(|| view["leases"].as_array().cloned().unwrap_or_default())
+    })
+    .await;
+    agents.push(world.agent("spare", "process", "2.00", None));
+    world.nodes_online(4).await;
+    // Kill the agent of the replica that is not rank 0's (any would do; rank 0's shows the
+    // master moving too) — here the agent of the lease of replica 1.
+    let victim_lease = first_leases
+        .iter()
+        .find(|lease| lease["replica"] == 1)
+        .expect("replica 1's lease")
+        .clone();
+    let victim_node = victim_lease["node_id"].as_i64().unwrap();
+    let nodes = world.admin_get("/v1/nodes").await;
+    let victim_name = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|node| node["id"] == victim_node)
+        .expect("the victim's node")["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let killed_at_us = common::now_ms() * 1000;
+    agents
+        .iter_mut()
+        .find(|agent| agent.name == victim_name)
+        .expect("the victim's agent")
+        .kill();
+    let agent_refs: Vec<&AgentProcess> = agents.iter().collect();
+    let view = world.ended(job, &agent_refs).await;
+    let outputs = world.outputs(job).await;
+    assert_eq!(view["state"], "finished", "{view}\n{outputs:#?}");
+    let leases = view["leases"].as_array().unwrap();
+    let lost = leases
+        .iter()
+        .find(|lease| lease["id"] == victim_lease["id"])
+        .expect("the lost lease");
+    assert_eq!(lost["state"], "lost", "{lost}");
+    let replacement = leases
+        .iter()
+        .find(|lease| lease["replica"] == 1 && lease["id"] != victim_lease["id"])
+        .expect("a replacement for replica 1");
+    assert_ne!(replacement["node_id"], victim_node, "{replacement}");
+    // Every replica that ran to the end resumed and ended with the uninterrupted run's loss.
+    for lease in leases.iter().filter(|lease| lease["state"] == "finished") {
+        let text = &outputs[&lease["id"].as_i64().unwrap()];
+        assert!(
+            text.contains("resumed from step"),
+            "lease {} did not resume:\n{text}",
+            lease["id"]
+        );
+        let loss = final_loss(text).unwrap_or_else(|| panic!("no final loss in {text}"));
+        assert!(
+            (loss - expected).abs() <= 1e-6 * expected.abs().max(1.0),
+            "lease {}: final loss {loss} after the repair, {expected} uninterrupted",
+            lease["id"]
+        );
+    }
+    assert_eq!(leases.iter().filter(|lease| lease["state"] == "finished").count(), 3);
+    // Billed only the seconds the replicas ran: what each lease metered, at its price, is what
+    // the job cost; the lost lease metered nothing after its agent died.
+    let store = store::Store::open(&world.database).await.expect("open the database");
+    let mut charged = 0;
+    for lease in leases {
+        for record in store.usage_of_lease(lease["id"].as_i64().unwrap()).await.unwrap() {
+            charged += record.charged_micros;
+            if lease["id"] == victim_lease["id"] {
+                let body: Value = serde_json::from_str(&record.body).unwrap();
+                assert!(body["period_end_ms"].as_i64().unwrap() * 1000 <= killed_at_us, "{body}");
+            }
+        }
+    }
+    assert!(charged > 0);
+    assert_eq!(view["cost_micros"], charged, "{view}");
+    assert_eq!(view["escrow_micros"], 0, "{view}");
+    // The repair's timeline, for the record: detection, decision, start, rendezvous.
+    let lost_events = world.lease_events(victim_lease["id"].as_i64().unwrap()).await;
+    let replacement_events = world.lease_events(replacement["id"].as_i64().unwrap()).await;
+    let lost_at = lost["ended_at_us"].as_i64().unwrap();
+    let decided_at = replacement["created_at_us"].as_i64().unwrap();
+    let staged_at = replacement_events
+        .iter()
+        .find(|(kind, _)| kind == "staged")
+        .map_or(0, |(_, at)| *at);
+    let running_at = replacement_events
+        .iter()
+        .find(|(kind, _)| kind == "running")
+        .map_or(0, |(_, at)| *at);
+    eprintln!(
+        "repair timeline (ms after the SIGKILL): lost {} (detection), replacement decided {}, staged {}, \
+         running {} (the gang's rendezvous passed); lost lease events {lost_events:?}",
+        (lost_at - killed_at_us) / 1000,
+        (decided_at - killed_at_us) / 1000,
+        (staged_at - killed_at_us) / 1000,
+        (running_at - killed_at_us) / 1000,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gang_whose_replica_cannot_start_is_placed_again_without_that_node() {
+    let world = World::new("gang-missing-image").await;
+    // `gang-replica` is a program on two nodes' PATH and not on the third's, which asks least
+    // and so is placed on first.
+    let bin = world.scratch.path.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let marks = world.scratch.path.join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let program = bin.join("gang-replica");
+    std::fs::write(
+        &program,
+        format!(
+            "#!/bin/sh\necho started > {}/ran-$FALLOW_LEASE_ID\necho rank=$RANK world=$WORLD_SIZE peers=$FALLOW_PEERS\n",
+            marks.display()
+        ),
+    )
+    .unwrap();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut std::fs::metadata(&program).unwrap().permissions(), 0o755);
+    std::fs::set_permissions(&program, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = std::env::var("PATH").unwrap_or_default();
+    let with = format!("{}:{path}", bin.display());
+    let agents = [
+        world.agent("has-1", "process", "2.00", Some(&with)),
+        world.agent("has-2", "process", "2.00", Some(&with)),
+        world.agent("lacks", "process", "1.00", Some(&path)),
+    ];
+    world.nodes_online(3).await;
+    let job = world
+        .submit(json!({
+            "name": "gang",
+            "image": "gang-replica",
+            "runtime": "process",
+            "replicas": 2,
+            "gpus": 1,
+            "topology": "site",
+            "tier": "silver",
+            "max_price_per_gpu_hour": "5.00",
+            "max_runtime_s": 600,
+        }))
+        .await;
+    let refs: Vec<&AgentProcess> = agents.iter().collect();
+    let view = world.ended(job, &refs).await;
+    assert_eq!(view["state"], "finished", "{view}");
+    let leases = view["leases"].as_array().unwrap();
+    let nodes = world.admin_get("/v1/nodes").await;
+    let lacks = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|node| node["name"] == "lacks")
+        .unwrap()["id"]
+        .clone();
+    let failed = leases
+        .iter()
+        .find(|lease| lease["state"] == "failed")
+        .unwrap_or_else(|| panic!("the first placement tried the node without the program: {view}"));
+    assert_eq!(failed["node_id"], lacks, "{failed}");
+    assert!(
+        failed["end_reason"].as_str().unwrap().contains("not on this node"),
+        "{failed}"
+    );
+    // Its partner never ran its command: it was stopped at the barrier, with the reason.
+    let cancelled: Vec<&Value> = leases.iter().filter(|lease| lease["state"] == "cancelled").collect();
+    assert_eq!(cancelled.len(), 1, "{view}");
+    let reason = cancelled[0]["end_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("could not start on node \"lacks\"") && reason.contains("without that node"),
+        "{reason}"
+    );
+    let finished: Vec<&Value> = leases.iter().filter(|lease| lease["state"] == "finished").collect();
+    assert_eq!(finished.len(), 2, "{view}");
+    assert!(finished.iter().all(|lease| lease["node_id"] != lacks), "{view}");
+    let ran: Vec<String> = std::fs::read_dir(&marks)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let mut expected: Vec<String> = finished.iter().map(|lease| format!("ran-{}", lease["id"])).collect();
+    let mut ran_sorted = ran.clone();
+    ran_sorted.sort();
+    expected.sort();
+    assert_eq!(
+        ran_sorted, expected,
+        "only the second placement's replicas ran their command"
+    );
+}
