@@ -236,6 +236,11 @@ impl JobRequest {
         {
             return bad(format!("gang_repair: {mode:?} is not restart or keep"));
         }
+        if let Some(mode) = &self.repair_billing
+            && !matches!(mode.as_str(), "bill" | "pause")
+        {
+            return bad(format!("repair_billing: {mode:?} is not bill or pause"));
+        }
         if self.max_restarts.is_some_and(|restarts| restarts > 100) {
             return bad("max_restarts: at most 100");
         }

@@ -137,6 +137,12 @@ pub struct JobRequest {
     /// The next failure fails the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_restarts: Option<u32>,
+    /// Whether the survivors of a repair are billed while the gang waits for its replacement:
+    /// "bill" (default: a kept survivor runs on, and what runs is billed) or "pause" (the
+    /// survivors' usage from the repair until every replica of the new epoch is staged is not
+    /// billed). Restarted survivors run nothing while they wait, so are billed nothing anyway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair_billing: Option<String>,
 }
 
 /// A gang's restarts after a replica failed, unless the job says otherwise (`max_restarts`).
@@ -292,6 +298,25 @@ pub struct OfferList {
     pub explanation: Option<String>,
 }
 
+/// A site's coordinates, as an admin sets them once (`PUT /v1/sites/{name}`): every node that
+/// names the site and declares no coordinates of its own takes them.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SiteRequest {
+    pub latitude: f64,
+    pub longitude: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct SiteView {
+    pub name: String,
+    pub latitude: f64,
+    pub longitude: f64,
+    pub updated_at_us: i64,
+    /// Nodes at the site that take its coordinates (they declared none).
+    pub nodes: u64,
+}
+
 /// A node as its provider registers it.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -313,6 +338,8 @@ pub struct NodeRegistration {
     pub fabric: String,
     #[serde(default)]
     pub nvlink_domain: String,
+    /// The node's coordinates; (0, 0), the default, declares none: the node takes its site's
+    /// from the coordinator's sites table once an admin sets them.
     #[serde(default)]
     pub latitude: f64,
     #[serde(default)]
@@ -375,6 +402,10 @@ pub struct NodeView {
     pub gang_ports: String,
     pub latitude: f64,
     pub longitude: f64,
+    /// Where the coordinates came from: "flag" (declared at registration), "site" (the
+    /// coordinator's sites table: `PUT /v1/sites/{name}`), empty (none).
+    #[serde(default)]
+    pub location_source: String,
     pub simulated: bool,
     /// The runtimes its agent runs replicas in.
     pub runtimes: Vec<String>,

@@ -319,6 +319,18 @@ async fn cli_provider_sets_policy_calendar_and_reads_earnings() {
             .ok(&format!("node show {node}"))
             .contains("silver $2.00 per GPU-hour")
     );
+    // The site's coordinates, set once by an admin, become the node's (it declared none).
+    let set = admin.ok("admin site set ams1 --latitude 52.37 --longitude 4.9");
+    assert!(set.contains("1 node(s)"), "{set}");
+    let shown = provider.ok(&format!("node show {node}"));
+    assert!(shown.contains("52.3700, 4.9000 (the site's"), "{shown}");
+    assert!(shown.contains("NVLink domain"), "{shown}");
+    assert!(admin.ok("admin site list").contains("ams1"));
+    admin.fails(
+        "admin site set ams1 --latitude -95 --longitude 0",
+        &["latitude must be"],
+    );
+    provider.fails("admin site set ams1 --latitude 1 --longitude 1", &["admin"]);
 
     let set = provider.ok_with(
         &format!(

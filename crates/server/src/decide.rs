@@ -361,6 +361,7 @@ mod tests {
             gang_since: None,
             avoid_nodes: Vec::new(),
             gang_restarts: 0,
+            gang_assembled_at: None,
         }
     }
 

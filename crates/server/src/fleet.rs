@@ -89,14 +89,26 @@ impl FleetView {
         let mut nodes = Vec::with_capacity(records.len());
         let mut trust = Vec::with_capacity(records.len());
         let mut broken = Vec::new();
+        // The matcher places by site: a site is where its first node with coordinates (declared,
+        // or the sites table's) says it is; a node without any does not put it at (0, 0).
+        let mut located: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+        for record in &records {
+            let node = &record.node;
+            if node.latitude != 0.0 || node.longitude != 0.0 {
+                located
+                    .entry(node.site.as_str())
+                    .or_insert((node.latitude, node.longitude));
+            }
+        }
         for (position, record) in records.iter().enumerate() {
             let node = &record.node;
             let region = *regions
                 .entry(node.region.clone())
                 .or_insert_with(|| topology.add_region(node.region.clone()));
-            let site = *sites
-                .entry(node.site.clone())
-                .or_insert_with(|| topology.add_site(node.site.clone(), region, node.latitude, node.longitude));
+            let site = *sites.entry(node.site.clone()).or_insert_with(|| {
+                let (latitude, longitude) = located.get(node.site.as_str()).copied().unwrap_or_default();
+                topology.add_site(node.site.clone(), region, latitude, longitude)
+            });
             let fabric_name = if node.fabric.is_empty() {
                 format!("{}/node-{}", node.site, record.id)
             } else {
@@ -488,6 +500,7 @@ pub(crate) mod tests {
                 gang_ports: String::new(),
                 nvlink_source: String::new(),
                 nvlink_detected: String::new(),
+                location_source: String::new(),
             },
             fingerprint_changed_at: None,
             registered_at: 0,

@@ -72,6 +72,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/nodes", post(routes::register_node).get(routes::list_nodes))
         .route("/v1/nodes/{id}", get(routes::show_node))
         .route("/v1/nodes/{id}/policy", put(routes::set_policy))
+        .route("/v1/sites", get(routes::list_sites))
+        .route("/v1/sites/{name}", put(routes::set_site))
         .route("/v1/earnings", get(routes::earnings))
         .route("/v1/agent/heartbeat", post(routes::heartbeat))
         .route("/v1/agent/leases", get(routes::poll_leases))

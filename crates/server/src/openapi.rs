@@ -76,7 +76,9 @@ use utoipa::OpenApi;
         api::FraudView,
         api::NodeTrustView,
         api::TrustView,
-        api::LeaseSet
+        api::LeaseSet,
+        api::SiteRequest,
+        api::SiteView
     ))
 )]
 struct Schemas;
@@ -219,6 +221,24 @@ const PATHS: &[Operation] = &[
         "Set a node's prices, schedule, calendar and limits",
         Some("PolicyDoc"),
         Some("NodeView"),
+        200,
+    ),
+    (
+        "get",
+        "/v1/sites",
+        "any key",
+        "Sites with the coordinates admins set for them",
+        None,
+        None,
+        200,
+    ),
+    (
+        "put",
+        "/v1/sites/{name}",
+        "admin",
+        "Set a site's coordinates: its nodes that declare none take them",
+        Some("SiteRequest"),
+        Some("SiteView"),
         200,
     ),
     (

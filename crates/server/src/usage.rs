@@ -111,6 +111,33 @@ pub fn assess(body: &UsageBody, lease: &LeaseRecord, facts: Facts) -> Result<Bil
     })
 }
 
+/// The window of a gang's repair, in ms on the coordinator's clock, whose usage is not billed:
+/// from the repair (the epoch's start) until every replica of the new epoch is staged (or `now`
+/// while it assembles), for a job that asked (`repair_billing: pause`); None otherwise, and for
+/// a gang's first placement (nothing runs before its barrier).
+pub fn repair_pause(job: &store::JobRecord, request: &api::JobRequest, now: i64) -> Option<(i64, i64)> {
+    if request.repair_billing.as_deref() != Some("pause") || job.gang_epoch < 2 {
+        return None;
+    }
+    let since = job.gang_since?;
+    Some((since / 1000, job.gang_assembled_at.unwrap_or(now) / 1000))
+}
+
+/// `billable` less its part inside `pause`, in proportion to the period's time there.
+pub fn without_pause(billable: Billable, pause: Option<(i64, i64)>) -> Billable {
+    let Some((from, until)) = pause else { return billable };
+    let overlap = (billable.end_ms.min(until) - billable.start_ms.max(from)).max(0);
+    let length = billable.end_ms - billable.start_ms;
+    if overlap == 0 || length <= 0 {
+        return billable;
+    }
+    let kept = i128::from(billable.gpu_seconds_milli) * i128::from(length - overlap) / i128::from(length);
+    Billable {
+        gpu_seconds_milli: i64::try_from(kept).unwrap_or(0),
+        ..billable
+    }
+}
+
 /// What the billable part costs at the lease's price: nothing on simulated devices, which sell
 /// nothing real, unless the coordinator bills play money for them (`Config::bill_simulated`).
 /// None when the charge overflows.
@@ -198,6 +225,60 @@ mod tests {
             assess(&body, &one_gpu_lease(None), facts(1_100)),
             Err(Refusal::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn a_repair_pause_bills_only_the_time_outside_it() {
+        let billable = assess(&record(1_000_000, 60, 60), &one_gpu_lease(None), facts(1_100)).unwrap();
+        // Paused from 1,020 s to 1,050 s: 30 of the record's 60 s.
+        let paused = without_pause(billable, Some((1_020_000, 1_050_000)));
+        assert_eq!(paused.gpu_seconds_milli, 30_000);
+        assert_eq!(without_pause(billable, Some((2_000_000, 2_050_000))), billable);
+        assert_eq!(without_pause(billable, None), billable);
+        assert_eq!(without_pause(billable, Some((900_000, 1_200_000))).gpu_seconds_milli, 0);
+    }
+
+    #[test]
+    fn only_a_job_that_asked_pauses_and_only_after_a_repair() {
+        let mut job = store::JobRecord {
+            id: 1,
+            tenant_id: 1,
+            client_token: None,
+            spec: String::new(),
+            tier: "gold".into(),
+            state: store::JobState::Running,
+            state_reason: String::new(),
+            submitted_at: 0,
+            updated_at: 0,
+            gang_epoch: 2,
+            gang_since: Some(1_020 * 1_000_000),
+            avoid_nodes: Vec::new(),
+            gang_restarts: 0,
+            gang_assembled_at: None,
+        };
+        let mut request = api::JobRequest::default();
+        assert_eq!(
+            repair_pause(&job, &request, 1_100 * 1_000_000),
+            None,
+            "bill is the default"
+        );
+        request.repair_billing = Some("pause".into());
+        assert_eq!(
+            repair_pause(&job, &request, 1_100 * 1_000_000),
+            Some((1_020_000, 1_100_000)),
+            "still assembling: paused until now"
+        );
+        job.gang_assembled_at = Some(1_050 * 1_000_000);
+        assert_eq!(
+            repair_pause(&job, &request, 1_100 * 1_000_000),
+            Some((1_020_000, 1_050_000))
+        );
+        job.gang_epoch = 1;
+        assert_eq!(
+            repair_pause(&job, &request, 1_100 * 1_000_000),
+            None,
+            "a first placement"
+        );
     }
 
     #[test]

@@ -113,6 +113,7 @@ pub fn node_view(record: &NodeRecord, reliability: f64, live_leases: i64, earnin
         fabric: node.fabric.clone(),
         nvlink_domain: node.nvlink_domain.clone(),
         nvlink_source: node.nvlink_source.clone(),
+        location_source: node.location_source.clone(),
         nvlink_detected: node.nvlink_detected.clone(),
         advertise_addr: node.advertise_addr.clone(),
         gang_ports: node.gang_ports.clone(),

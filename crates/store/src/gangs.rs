@@ -71,6 +71,17 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
+    /// Records that `job_id`'s gang met its start barrier at `now` (every replica of the epoch
+    /// staged); a barrier already met keeps its time.
+    pub async fn mark_gang_assembled(&self, job_id: i64, now: i64) -> Result<()> {
+        sqlx::query("UPDATE jobs SET gang_assembled_at = $1 WHERE id = $2 AND gang_assembled_at IS NULL")
+            .bind(now)
+            .bind(job_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// Starts a live lease again at a new epoch (pending, not staged): its agent stops the
     /// replica it runs and starts it anew, for a new epoch of its gang's rendezvous. Returns the
     /// lease as it now is, or None when it was not live.
@@ -92,7 +103,7 @@ impl Store {
     /// counts it as a restart after a failure.
     pub async fn next_gang_epoch(&self, job_id: i64, restart: bool, now: i64) -> Result<()> {
         sqlx::query(
-            "UPDATE jobs SET gang_epoch = gang_epoch + 1, gang_since = $1, gang_restarts = gang_restarts + $2 WHERE id = $3",
+            "UPDATE jobs SET gang_epoch = gang_epoch + 1, gang_since = $1, gang_assembled_at = NULL, gang_restarts = gang_restarts + $2 WHERE id = $3",
         )
         .bind(now)
         .bind(i64::from(restart))

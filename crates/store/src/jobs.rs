@@ -11,7 +11,7 @@ use crate::{
     NewLease, Overbooking, Result, Store, StoreError, Victim,
 };
 
-const JOB_COLUMNS: &str = "id, tenant_id, client_token, spec, tier, state, state_reason, submitted_at, updated_at, gang_epoch, gang_since, avoid_nodes, gang_restarts";
+const JOB_COLUMNS: &str = "id, tenant_id, client_token, spec, tier, state, state_reason, submitted_at, updated_at, gang_epoch, gang_since, avoid_nodes, gang_restarts, gang_assembled_at";
 const LEASE_COLUMNS: &str = "id, job_id, replica, node_id, gpu_mask, gpu_milli, cpu_milli, memory_mib, epoch, \
     price_micros, state, tier, gpu_model, region, created_at, expected_end, preempt_at, ended_at, end_reason, preempted_by";
 
@@ -30,6 +30,7 @@ fn job_from(row: &AnyRow) -> Result<JobRecord> {
         gang_since: row.try_get("gang_since")?,
         avoid_nodes: crate::gangs::parse_avoid(row.try_get::<&str, _>("avoid_nodes")?),
         gang_restarts: row.try_get("gang_restarts")?,
+        gang_assembled_at: row.try_get("gang_assembled_at")?,
     })
 }
 
@@ -126,6 +127,7 @@ impl Store {
                 gang_since: None,
                 avoid_nodes: Vec::new(),
                 gang_restarts: 0,
+                gang_assembled_at: None,
             });
         }
         transaction.commit().await?;
@@ -237,7 +239,7 @@ impl Store {
         let mut transaction = self.begin_write().await?;
         let moved = sqlx::query(
             "UPDATE jobs SET state = 'running', state_reason = '', updated_at = $1, gang_epoch = gang_epoch + 1, \
-                 gang_since = $1 WHERE id = $2 AND state = 'queued'",
+                 gang_since = $1, gang_assembled_at = NULL WHERE id = $2 AND state = 'queued'",
         )
         .bind(now)
         .bind(job_id)
@@ -268,11 +270,13 @@ impl Store {
         check_fence(&mut transaction, fence).await?;
         mark_victims(&mut transaction, job_id, victims).await?;
         // A repaired gang meets again: a new epoch of its rendezvous, and a new start barrier.
-        sqlx::query("UPDATE jobs SET gang_epoch = gang_epoch + 1, gang_since = $1 WHERE id = $2")
-            .bind(now)
-            .bind(job_id)
-            .execute(&mut *transaction)
-            .await?;
+        sqlx::query(
+            "UPDATE jobs SET gang_epoch = gang_epoch + 1, gang_since = $1, gang_assembled_at = NULL WHERE id = $2",
+        )
+        .bind(now)
+        .bind(job_id)
+        .execute(&mut *transaction)
+        .await?;
         let mut out = Vec::with_capacity(leases.len());
         for lease in leases {
             out.push(insert_lease(&mut transaction, job_id, lease, now).await?);
@@ -525,7 +529,7 @@ impl Store {
         for write in batch {
             let moved = sqlx::query(
                 "UPDATE jobs SET state = 'running', state_reason = '', updated_at = $1, gang_epoch = gang_epoch + 1, \
-                 gang_since = $1 WHERE id = $2 AND state = 'queued'",
+                 gang_since = $1, gang_assembled_at = NULL WHERE id = $2 AND state = 'queued'",
             )
             .bind(now)
             .bind(write.job_id)

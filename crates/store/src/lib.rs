@@ -21,6 +21,7 @@ pub use ledger::LedgerOutcome;
 /// The lease states are the model's: one enum from the matcher to the database.
 pub use model::LeaseState;
 pub use rows::*;
+pub use sites::SiteRecord;
 pub use trust::{CanaryRow, FraudRow, NewCanary};
 
 /// Connections per pool. SQLite serialises writers anyway; readers share the rest.
@@ -282,4 +283,5 @@ mod jobs;
 mod ledger;
 mod nodes;
 mod records;
+mod sites;
 mod trust;

@@ -13,7 +13,7 @@ const HEARTBEATS_PER_STATEMENT_MAX: usize = 512;
 const NODE_COLUMNS: &str = "id, provider_id, name, public_key, fingerprint, fingerprint_changed_at, region, site, \
     fabric, nvlink_domain, latitude, longitude, gpu_model, gpu_count, cpu_milli, memory_mib, network_mbit_s, \
     simulated, policy, datasets, registered_at, updated_at, last_heartbeat_at, online, telemetry, over_limit_since, runtimes, fraud_cordoned_at, \
-    advertise_addr, gang_ports, nvlink_source, nvlink_detected";
+    advertise_addr, gang_ports, nvlink_source, nvlink_detected, location_source";
 
 fn node_from(row: &AnyRow) -> Result<NodeRecord> {
     Ok(NodeRecord {
@@ -42,6 +42,7 @@ fn node_from(row: &AnyRow) -> Result<NodeRecord> {
             gang_ports: row.try_get("gang_ports")?,
             nvlink_source: row.try_get("nvlink_source")?,
             nvlink_detected: row.try_get("nvlink_detected")?,
+            location_source: row.try_get("location_source")?,
         },
         fingerprint_changed_at: row.try_get("fingerprint_changed_at")?,
         registered_at: row.try_get("registered_at")?,
@@ -60,9 +61,9 @@ impl Store {
             "INSERT INTO nodes (provider_id, name, public_key, fingerprint, region, site, fabric, nvlink_domain, \
              latitude, longitude, gpu_model, gpu_count, cpu_milli, memory_mib, network_mbit_s, simulated, policy, \
              datasets, registered_at, updated_at, online, runtimes, advertise_addr, gang_ports, nvlink_source, \
-             nvlink_detected) \
+             nvlink_detected, location_source) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $19, 0, $20, \
-             $21, $22, $23, $24) \
+             $21, $22, $23, $24, $25) \
              RETURNING id",
         )
         .bind(node.provider_id)
@@ -89,6 +90,7 @@ impl Store {
         .bind(&node.gang_ports)
         .bind(&node.nvlink_source)
         .bind(&node.nvlink_detected)
+        .bind(&node.location_source)
         .fetch_one(&self.pool)
         .await
         .map_err(|error| {

@@ -109,6 +109,9 @@ pub struct NewNode {
     /// Where its NVLink domain came from, and what NVML reported (see `api::NodeRegistration`).
     pub nvlink_source: String,
     pub nvlink_detected: String,
+    /// Where its latitude and longitude came from: "flag" (declared at registration), "site"
+    /// (the coordinator's sites table), empty (none: 0, 0).
+    pub location_source: String,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -169,6 +172,9 @@ pub struct JobRecord {
     pub avoid_nodes: Vec<i64>,
     /// How often the gang started again, whole, after a replica failed.
     pub gang_restarts: i64,
+    /// When every replica of the gang's current epoch was staged (its start barrier met); None
+    /// while it assembles.
+    pub gang_assembled_at: Option<i64>,
 }
 
 /// A lease the matcher decided; the store gives it an id and epoch 1.

@@ -112,6 +112,7 @@ fn node(provider_id: i64, name: &str) -> NewNode {
         gang_ports: String::new(),
         nvlink_source: String::new(),
         nvlink_detected: String::new(),
+        location_source: String::new(),
     }
 }
 

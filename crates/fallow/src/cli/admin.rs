@@ -1,7 +1,7 @@
 //! `fallow admin`: accounts, API keys, credits, providers' bonds and fraud decisions, with an
 //! admin's key.
 
-use api::{AccountView, BalanceView, KeyView, NewAccountResponse, NewKeyResponse, TrustView};
+use api::{AccountView, BalanceView, KeyView, NewAccountResponse, NewKeyResponse, SiteView, TrustView};
 use clap::{Args, Subcommand};
 use reqwest::Method;
 use serde_json::json;
@@ -48,9 +48,30 @@ enum AdminCommand {
         #[arg(long)]
         key: String,
     },
+    /// Sites' coordinates: set once for a site, they are every node's there that declares none
+    /// (`fallow agent` without --latitude/--longitude), for placement near a job's users.
+    #[command(subcommand)]
+    Site(SiteCommand),
     /// Every fraud decision: the rule applied, what was slashed and refunded (`--json` adds the
     /// evidence: the signed records and canary results).
     Frauds,
+}
+
+#[derive(Subcommand)]
+enum SiteCommand {
+    /// Set a site's coordinates; its nodes that declare none move to them.
+    Set {
+        /// The site's name, as its nodes' agents give it (--site).
+        name: String,
+        /// Degrees north (−90…90).
+        #[arg(long, allow_hyphen_values = true)]
+        latitude: f64,
+        /// Degrees east (−180…180).
+        #[arg(long, allow_hyphen_values = true)]
+        longitude: f64,
+    },
+    /// Every site with coordinates, and how many nodes take them.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -103,8 +124,69 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
             amount,
             key,
         } => bond(&client, provider_id, &amount, &key),
+        AdminCommand::Site(SiteCommand::Set {
+            name,
+            latitude,
+            longitude,
+        }) => site_set(&client, &name, latitude, longitude),
+        AdminCommand::Site(SiteCommand::List) => site_list(&client),
         AdminCommand::Frauds => super::provider::frauds(&client),
     }
+}
+
+fn site_set(client: &Client, name: &str, latitude: f64, longitude: f64) -> anyhow::Result<()> {
+    let path = format!("/v1/sites/{}", path_segment(name));
+    let answer = client.put(&path, &json!({"latitude": latitude, "longitude": longitude}))?;
+    if client.json {
+        output::print_json(&answer);
+        return Ok(());
+    }
+    let site: SiteView = parse(&answer, "site")?;
+    println!(
+        "site {} at {:.4}, {:.4}; {} node(s) there take these coordinates",
+        site.name, site.latitude, site.longitude, site.nodes
+    );
+    Ok(())
+}
+
+fn site_list(client: &Client) -> anyhow::Result<()> {
+    let answer = client.get("/v1/sites", &[])?;
+    if client.json {
+        output::print_json(&answer);
+        return Ok(());
+    }
+    let sites: Vec<SiteView> = parse(&answer, "site list")?;
+    let mut table = Table::new(&[
+        ("SITE", Align::Left),
+        ("LATITUDE", Align::Right),
+        ("LONGITUDE", Align::Right),
+        ("NODES", Align::Right),
+        ("SET", Align::Left),
+    ]);
+    for site in &sites {
+        table.row(vec![
+            site.name.clone(),
+            format!("{:.4}", site.latitude),
+            format!("{:.4}", site.longitude),
+            site.nodes.to_string(),
+            utc(site.updated_at_us),
+        ]);
+    }
+    table.print();
+    Ok(())
+}
+
+/// `text` as one URL path segment: every byte but RFC 3986's unreserved ones percent-encoded.
+fn path_segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
 }
 
 fn account_create(client: &Client, name: &str, role: &str) -> anyhow::Result<()> {

@@ -163,6 +163,16 @@ struct SpecArgs {
     /// The job's network.
     #[arg(long, value_parser = ["none", "bridge"])]
     network: Option<String>,
+    /// A gang's survivors when a lost replica is replaced: restart (default; they resume from the
+    /// checkpoint with the new peers) or keep (left running; they re-rendezvous themselves).
+    #[arg(long, value_parser = ["restart", "keep"])]
+    gang_repair: Option<String>,
+    /// How often a gang starts again in place after a replica fails (default 3).
+    #[arg(long, value_name = "N")]
+    max_restarts: Option<u32>,
+    /// Whether a repair's idle seconds are billed to the survivors: bill (default) or pause.
+    #[arg(long, value_parser = ["bill", "pause"])]
+    repair_billing: Option<String>,
     /// An environment variable of the job; repeat for more.
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
     env: Vec<(String, String)>,
@@ -673,6 +683,15 @@ impl SpecArgs {
         }
         if let Some(token) = &self.client_token {
             set("client_token", json!(token));
+        }
+        if let Some(mode) = &self.gang_repair {
+            set("gang_repair", json!(mode));
+        }
+        if let Some(restarts) = self.max_restarts {
+            set("max_restarts", json!(restarts));
+        }
+        if let Some(mode) = &self.repair_billing {
+            set("repair_billing", json!(mode));
         }
         if !self.env.is_empty() {
             let mut env = match body.remove("env") {

@@ -235,6 +235,12 @@ fn show(client: &Client, id: i64) -> anyhow::Result<()> {
                 node.region, node.site, node.fabric, node.nvlink_domain
             ),
         ),
+        ("NVLink domain", nvlink_text(&node)),
+        ("location", location_text(&node)),
+        (
+            "gang traffic",
+            format!("{} ports {}", or_dash(&node.advertise_addr), or_dash(&node.gang_ports)),
+        ),
         ("online", online_text(&node)),
         ("last heartbeat", utc_or_dash(node.last_heartbeat_at_us)),
         ("live leases", node.live_leases.to_string()),
@@ -270,6 +276,37 @@ fn show(client: &Client, id: i64) -> anyhow::Result<()> {
     pairs.extend(policy_fields(&node.policy, node.id));
     output::print_fields(&pairs);
     Ok(())
+}
+
+fn or_dash(text: &str) -> &str {
+    if text.is_empty() { "-" } else { text }
+}
+
+/// The NVLink domain, where it came from, and what NVML reported.
+fn nvlink_text(node: &NodeView) -> String {
+    let source = match node.nvlink_source.as_str() {
+        "flag" => "declared (--nvlink-domain)",
+        "nvml-fabric" => "NVML fabric (multi-node NVLink)",
+        "nvswitch" => "NVML: NVSwitch inside the node",
+        "node" => "the node alone (nothing declared or detected)",
+        _ => "not reported",
+    };
+    let detected = if node.nvlink_detected.is_empty() {
+        "NVML reported nothing".to_string()
+    } else {
+        format!("NVML: {}", node.nvlink_detected)
+    };
+    format!("{} ({source}; {detected})", or_dash(&node.nvlink_domain))
+}
+
+/// The coordinates and where they came from.
+fn location_text(node: &NodeView) -> String {
+    let source = match node.location_source.as_str() {
+        "flag" => "declared (--latitude/--longitude)",
+        "site" => "the site's (fallow admin site set)",
+        _ => "none declared, the site has none",
+    };
+    format!("{:.4}, {:.4} ({source})", node.latitude, node.longitude)
 }
 
 fn policy_fields(policy: &PolicyDoc, id: i64) -> Vec<(&'static str, String)> {

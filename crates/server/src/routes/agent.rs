@@ -305,6 +305,13 @@ async fn lease_staged(
         .store
         .append_lease_event(lease.id, event.epoch, "staged", &format!("port {port}"), state.now_us())
         .await?;
+    // The last replica staged meets the barrier: a repair's pause in billing ends here.
+    if let Some(job) = state.store.job(lease.job_id).await? {
+        let members = state.store.gang_members(job.id).await?;
+        if rendezvous(&members, job_request(&job).replicas, job.gang_epoch).is_some() {
+            state.store.mark_gang_assembled(job.id, state.now_us()).await?;
+        }
+    }
     let lease = state
         .store
         .lease(lease.id)

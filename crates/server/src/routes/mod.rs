@@ -22,7 +22,7 @@ pub(crate) use billing::{balance, invoice, own_balance, statement};
 pub(crate) use jobs::{cancel_job, job_logs, job_logs_page, jobs_page, list_jobs, quote_job, show_job, submit_job};
 pub(crate) use market::{health, market, market_index};
 pub(crate) use metrics::metrics;
-pub(crate) use nodes::{earnings, list_nodes, register_node, set_policy, show_node};
+pub(crate) use nodes::{earnings, list_nodes, list_sites, register_node, set_policy, set_site, show_node};
 pub(crate) use offers::search_offers;
 pub(crate) use records::{attest, report_usage};
 pub(crate) use trust::{admin_bond, canary_result, frauds, node_canaries, post_bond, trust, trust_view, verify_node};

@@ -61,11 +61,7 @@ pub async fn register_node(
             registration.gpu_count
         )));
     }
-    if !(-90.0..=90.0).contains(&registration.latitude) || !(-180.0..=180.0).contains(&registration.longitude) {
-        return Err(ApiError::BadRequest(
-            "latitude must be −90…90 and longitude −180…180".into(),
-        ));
-    }
+    check_coordinates(registration.latitude, registration.longitude)?;
     if registration.memory_mib > 1 << 40 || registration.cpu_milli == 0 {
         return Err(ApiError::BadRequest(
             "cpu_milli must be positive and memory_mib at most 2^40".into(),
@@ -73,6 +69,15 @@ pub async fn register_node(
     }
     registration.policy.to_model()?;
     check_nvlink_domain(&state, &registration).await?;
+    // Coordinates the node declares beat its site's; a node that declares none takes the
+    // site's from the sites table (now, or when an admin sets them).
+    let (latitude, longitude, location_source) = if registration.latitude != 0.0 || registration.longitude != 0.0 {
+        (registration.latitude, registration.longitude, "flag")
+    } else if let Some(site) = state.store.site(&registration.site).await? {
+        (site.latitude, site.longitude, "site")
+    } else {
+        (0.0, 0.0, "")
+    };
     let advertise_addr = if registration.advertise_addr.is_empty() {
         peer.map(|ip| ip.to_string()).unwrap_or_default()
     } else {
@@ -108,8 +113,8 @@ pub async fn register_node(
                 site: registration.site.clone(),
                 fabric: registration.fabric.clone(),
                 nvlink_domain: registration.nvlink_domain.clone(),
-                latitude: registration.latitude,
-                longitude: registration.longitude,
+                latitude,
+                longitude,
                 gpu_model: registration.gpu_model.clone(),
                 gpu_count: i64::from(registration.gpu_count),
                 cpu_milli: i64::from(registration.cpu_milli),
@@ -123,6 +128,7 @@ pub async fn register_node(
                 gang_ports: registration.gang_ports.clone(),
                 nvlink_source: registration.nvlink_source.clone(),
                 nvlink_detected: registration.nvlink_detected.clone(),
+                location_source: location_source.to_string(),
             },
             state.now_us(),
         )
@@ -245,6 +251,66 @@ pub async fn set_policy(
     state.wake.notify_one();
     let record = own_node(&state, &caller, id).await?;
     Ok(Json(full_node_view(&state, &record).await?))
+}
+
+/// Sets a site's coordinates (admins): its nodes that declare none move to them, and the
+/// matcher sees them at its next rebuild.
+pub async fn set_site(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(name): Path<String>,
+    JsonBody(request): JsonBody<SiteRequest>,
+) -> ApiResult<Json<SiteView>> {
+    require(&caller, &[Role::Admin])?;
+    check_name("site", &name, true)?;
+    check_coordinates(request.latitude, request.longitude)?;
+    let site = store::SiteRecord {
+        name,
+        latitude: request.latitude,
+        longitude: request.longitude,
+        updated_at: state.now_us(),
+    };
+    let nodes = state.store.set_site(&site).await?;
+    state.wake.notify_one();
+    Ok(Json(site_view(&site, nodes)))
+}
+
+/// The sites with coordinates, and how many nodes take each one's.
+pub async fn list_sites(State(state): AppStateRef, Auth(_caller): Auth) -> ApiResult<Json<Vec<SiteView>>> {
+    let nodes = state.store.nodes().await?;
+    let sites = state.store.sites().await?;
+    Ok(Json(
+        sites
+            .iter()
+            .map(|site| {
+                let taking = nodes
+                    .iter()
+                    .filter(|node| node.node.site == site.name && node.node.location_source == "site")
+                    .count();
+                site_view(site, taking as u64)
+            })
+            .collect(),
+    ))
+}
+
+fn site_view(site: &store::SiteRecord, nodes: u64) -> SiteView {
+    SiteView {
+        name: site.name.clone(),
+        latitude: site.latitude,
+        longitude: site.longitude,
+        updated_at_us: site.updated_at,
+        nodes,
+    }
+}
+
+fn check_coordinates(latitude: f64, longitude: f64) -> ApiResult<()> {
+    if (-90.0..=90.0).contains(&latitude) && (-180.0..=180.0).contains(&longitude) {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(
+            "latitude must be −90…90 and longitude −180…180".into(),
+        ))
+    }
 }
 
 pub async fn earnings(State(state): AppStateRef, Auth(caller): Auth) -> ApiResult<Json<EarningsView>> {

@@ -15,7 +15,7 @@ use crate::metrics::Metrics;
 use crate::money;
 use crate::state::AppState;
 use crate::usage;
-use crate::wire::lease_view;
+use crate::wire::{job_request, lease_view};
 
 use super::AppStateRef;
 use super::agent::node_lease;
@@ -113,6 +113,7 @@ pub async fn report_usage(State(state): AppStateRef, signed: Signed<SignedUsage>
         .job(lease.job_id)
         .await?
         .ok_or_else(|| ApiError::NotFound("job".into()))?;
+    let billable = usage::without_pause(billable, usage::repair_pause(&job, &job_request(&job), now));
     let node = state
         .store
         .node(signed.node_id)
