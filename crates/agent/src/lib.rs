@@ -12,5 +12,6 @@ pub mod gpu;
 pub mod guard;
 pub mod state;
 pub mod topology;
+pub mod tunnel;
 
 pub use agent::{Agent, AgentConfig, AgentError, NodeTopology, rotate_key};

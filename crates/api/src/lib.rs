@@ -143,6 +143,28 @@ pub struct JobRequest {
     /// billed). Restarted survivors run nothing while they wait, so are billed nothing anyway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repair_billing: Option<String>,
+    /// A replica that serves requests through the gateway (`/s/{name}/…`), reached through its
+    /// node's tunnel; absent: a batch replica no one calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<ServeSpec>,
+}
+
+/// How a serving replica is reached: the gateway sends `/s/{name}/PATH` to `PATH` on the
+/// replica's port, once its health check answers.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ServeSpec {
+    /// The service's name in the gateway's path: letters, digits and `-`, 1–63 characters. The
+    /// tenant's replicas that give the same name serve it together.
+    pub name: String,
+    /// The port the replica listens on. A process replica is given a free port of its node in
+    /// `PORT` instead and must listen there (as Cloud Run and Heroku do); so is a container,
+    /// which runs on its host's network.
+    #[serde(default)]
+    pub port: u16,
+    /// The HTTP path answered 2xx when the replica is ready (default `/`).
+    #[serde(default)]
+    pub health_path: String,
 }
 
 /// A gang's restarts after a replica failed, unless the job says otherwise (`max_restarts`).

@@ -41,6 +41,9 @@ pub enum BenchCommand {
     Repair(crate::cmd_bench_repair::RepairArgs),
     /// The coordinator's HTTP API under a fleet's heartbeats and job submissions.
     Api(crate::cmd_bench_api::ApiArgs),
+    /// The gateway's data plane: requests to serving replicas through their nodes' tunnels,
+    /// against the same replicas called directly.
+    Serve(crate::cmd_bench_serve::ServeArgs),
 }
 
 #[derive(Args, Clone, Debug)]
@@ -105,6 +108,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Preempt(args) => bench_preempt(&args),
         BenchCommand::Repair(args) => crate::cmd_bench_repair::run(&args),
         BenchCommand::Api(args) => crate::cmd_bench_api::run(&args),
+        BenchCommand::Serve(args) => crate::cmd_bench_serve::run(&args),
     }
 }
 

@@ -8,6 +8,7 @@ mod cmd_agent;
 mod cmd_bench;
 mod cmd_bench_api;
 mod cmd_bench_repair;
+mod cmd_bench_serve;
 mod cmd_canary;
 mod cmd_dev;
 mod cmd_server;

@@ -76,21 +76,38 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 /// The caller of a tenant / provider / admin endpoint, from `Authorization: Bearer <API key>`.
 pub struct Auth(pub Caller);
 
+/// The caller of a service through the gateway: the tenant's API key as a bearer token, not
+/// counted against the API's rate limit.
+pub struct ServiceAuth(pub Caller);
+
+/// The API key in an `Authorization: Bearer` header.
+fn bearer(parts: &Parts) -> Result<&str, ApiError> {
+    let header = parts
+        .headers
+        .get(axum::http::header::AUTHORIZATION)
+        .ok_or_else(|| ApiError::Unauthorized("send Authorization: Bearer <API key>".into()))?;
+    let text = header
+        .to_str()
+        .map_err(|_| ApiError::Unauthorized("Authorization header is not text".into()))?;
+    let key = text
+        .strip_prefix("Bearer ")
+        .ok_or_else(|| ApiError::Unauthorized("Authorization must be \"Bearer <API key>\"".into()))?;
+    Ok(key.trim())
+}
+
 impl FromRequestParts<Arc<AppState>> for Auth {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, ApiError> {
-        let header = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .ok_or_else(|| ApiError::Unauthorized("send Authorization: Bearer <API key>".into()))?;
-        let text = header
-            .to_str()
-            .map_err(|_| ApiError::Unauthorized("Authorization header is not text".into()))?;
-        let key = text
-            .strip_prefix("Bearer ")
-            .ok_or_else(|| ApiError::Unauthorized("Authorization must be \"Bearer <API key>\"".into()))?;
-        Ok(Auth(state.authenticate(key.trim()).await?))
+        Ok(Auth(state.authenticate(bearer(parts)?).await?))
+    }
+}
+
+impl FromRequestParts<Arc<AppState>> for ServiceAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        Ok(ServiceAuth(state.caller_of_key(bearer(parts)?).await?))
     }
 }
 

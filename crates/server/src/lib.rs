@@ -14,6 +14,7 @@ mod error;
 mod extract;
 mod fleet;
 mod fraud;
+mod gateway;
 mod heartbeats;
 mod lease_hints;
 pub mod lifecycle;
@@ -36,7 +37,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{any, get, post, put};
 use store::{Role, Store};
 use tower_http::catch_panic::CatchPanicLayer;
 
@@ -72,6 +73,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/nodes", post(routes::register_node).get(routes::list_nodes))
         .route("/v1/nodes/{id}", get(routes::show_node))
         .route("/v1/nodes/{id}/policy", put(routes::set_policy))
+        .route("/v1/agent/tunnel", post(routes::agent_tunnel))
+        .route("/s/{service}", any(routes::serve))
+        .route("/s/{service}/{*path}", any(routes::serve))
         .route("/v1/sites", get(routes::list_sites))
         .route("/v1/sites/{name}", put(routes::set_site))
         .route("/v1/earnings", get(routes::earnings))

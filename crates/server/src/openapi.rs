@@ -78,7 +78,8 @@ use utoipa::OpenApi;
         api::TrustView,
         api::LeaseSet,
         api::SiteRequest,
-        api::SiteView
+        api::SiteView,
+        api::ServeSpec
     ))
 )]
 struct Schemas;
@@ -475,10 +476,16 @@ pub fn build() -> Value {
             operation["requestBody"] =
                 json!({"required": true, "content": {"application/json": {"schema": reference(request)}}});
         }
-        if path.contains('{') {
-            let name = if path.contains("{key_id}") { "key_id" } else { "id" };
-            operation["parameters"] =
-                json!([{"name": name, "in": "path", "required": true, "schema": {"type": "string"}}]);
+        let names: Vec<&str> = path
+            .split('{')
+            .skip(1)
+            .filter_map(|rest| rest.split_once('}').map(|(name, _)| name))
+            .collect();
+        if !names.is_empty() {
+            operation["parameters"] = names
+                .iter()
+                .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
+                .collect();
         }
         let entry = paths.entry(path.to_string()).or_insert_with(|| json!({}));
         entry[*method] = operation;

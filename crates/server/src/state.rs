@@ -50,6 +50,8 @@ pub struct AppState {
     pub nonce_cache: Mutex<NonceCache>,
     pub nonces: Batcher<(i64, String, i64), bool>,
     pub beats: Beats,
+    /// The gateway's tunnels, requests in flight and services' replicas (`gateway`).
+    pub gateway: Arc<crate::gateway::Gateway>,
     /// Which nodes may hold live leases, while this replica leads.
     pub lease_hints: LeaseHints,
     turns: WriterTurns,
@@ -139,6 +141,7 @@ impl AppState {
             nodes: Mutex::new(HashMap::new()),
             nonces,
             beats: Beats::default(),
+            gateway: Arc::default(),
             lease_hints: LeaseHints::default(),
             turns,
             submissions,
@@ -160,8 +163,16 @@ impl AppState {
         self.clock.now_us()
     }
 
-    /// Checks an API key (`fallow_<id>_<secret>`) and returns who holds it.
+    /// The caller a presented API key belongs to, counted against its account's API rate limit.
     pub async fn authenticate(&self, presented: &str) -> Result<Caller, ApiError> {
+        let caller = self.caller_of_key(presented).await?;
+        self.rate_limit(false, caller.account_id)?;
+        Ok(caller)
+    }
+
+    /// The caller a presented API key belongs to, not counted against the API's rate limit:
+    /// the gateway's requests to a tenant's services are the service's traffic, not API calls.
+    pub async fn caller_of_key(&self, presented: &str) -> Result<Caller, ApiError> {
         let (key_id, secret) =
             trust::parse_api_key(presented).map_err(|error| ApiError::Unauthorized(error.to_string()))?;
         let cached = {
@@ -202,7 +213,6 @@ impl AppState {
                 "API key does not match; check for a typo".into(),
             ));
         }
-        self.rate_limit(false, caller.account_id)?;
         Ok(caller)
     }
 
@@ -260,6 +270,11 @@ impl AppState {
     }
 
     /// A token bucket per account (`node` false) or per node (`node` true).
+    /// Nodes whose tunnel to the gateway is up.
+    pub fn gateway_tunnels(&self) -> usize {
+        self.gateway.tunnels_up()
+    }
+
     pub fn rate_limit(&self, node: bool, id: i64) -> Result<(), ApiError> {
         let (rate, burst) = if node {
             (NODE_RATE_PER_S, NODE_BURST)

@@ -283,5 +283,6 @@ mod jobs;
 mod ledger;
 mod nodes;
 mod records;
+mod serving;
 mod sites;
 mod trust;

@@ -212,7 +212,46 @@ impl<E: Executor> Agent<E> {
             self.stage_gang_replica(lease, spec).await;
             return;
         }
+        let Some(serve) = job.serve.clone() else {
+            self.start_replica(lease, spec).await;
+            return;
+        };
+        // A serving replica listens on a free port of this host, named in PORT (a container
+        // runs on the host's network to be reached there); the gateway reaches it through the
+        // tunnel once its health check answers.
+        let port = match crate::tunnel::free_port() {
+            Ok(port) => port,
+            Err(error) => {
+                let reason = format!("no free port for the serving replica: {error}");
+                if let Err(report) = self.report(lease, "failed", None, &reason).await {
+                    tracing::warn!(lease = id, error = %report, "could not report the failure");
+                }
+                return;
+            }
+        };
+        let mut spec = spec;
+        spec.env.insert("PORT".to_string(), port.to_string());
+        spec.network = "host".to_string();
         self.start_replica(lease, spec).await;
+        if self.runs.contains_key(&id) {
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            self.probes.insert(id, stop);
+            tokio::spawn(crate::tunnel::wait_ready(
+                self.serving.clone(),
+                id,
+                port,
+                serve.health_path,
+                stopped,
+            ));
+        }
+    }
+
+    /// A serving replica stops taking requests (it ends, or is being stopped).
+    fn unserve(&mut self, id: i64) {
+        self.serving.remove(id);
+        if let Some(stop) = self.probes.remove(&id) {
+            let _ = stop.send(true);
+        }
     }
 
     /// Starts a replica whose lease is staged (and, for a gang, whose gang assembled).
@@ -298,6 +337,7 @@ impl<E: Executor> Agent<E> {
     /// Stops a replica in the background; its guard is ended once it is stopped (it keeps
     /// watching meanwhile).
     pub(super) fn stop_in_background(&mut self, run: Run<E::Handle>, grace: Duration) {
+        self.unserve(run.lease.lease.id);
         let executor = self.executor.clone();
         let guards = self.guards.clone();
         let id = run.lease.lease.id;
@@ -366,6 +406,7 @@ impl<E: Executor> Agent<E> {
     /// that did not finish its work is left for the coordinator to end as preempted.
     pub(super) async fn finish(&mut self, run: Run<E::Handle>, exit: Exit) {
         let id = run.lease.lease.id;
+        self.unserve(id);
         // The replica ended on its own: its guard has nothing left to stop.
         self.guards.end(id).await;
         let now = now_ms();

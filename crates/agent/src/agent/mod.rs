@@ -177,6 +177,10 @@ pub struct Agent<E: Executor> {
     heartbeat_timeout: Option<Duration>,
     /// The replicas' guards, by lease id (none without `AgentConfig::guard_program`).
     guards: Guards,
+    /// This node's ready serving replicas, reached through the gateway's tunnel, and the
+    /// health probes of those not ready yet (stopped with their replica).
+    serving: crate::tunnel::Routes,
+    probes: HashMap<i64, watch::Sender<bool>>,
     /// Usage records the coordinator could not be reached for, oldest first: sent again when
     /// contact returns (each once per sequence; the coordinator bills it up to the lease's end).
     unsent: std::collections::VecDeque<trust::UsageRecord>,
@@ -276,6 +280,8 @@ impl<E: Executor> Agent<E> {
             tended_ms: 0,
             heartbeat_timeout: None,
             guards: Guards::default(),
+            serving: crate::tunnel::Routes::default(),
+            probes: HashMap::new(),
             canaries: HashMap::new(),
             canaries_seen: std::collections::VecDeque::new(),
             canaries_seen_set: std::collections::HashSet::new(),
@@ -329,6 +335,14 @@ impl<E: Executor> Agent<E> {
             self.node_id,
             sets,
             self.contact.clone(),
+            shutdown.clone(),
+        ));
+        // The gateway reaches this node's serving replicas through it; no inbound port.
+        tokio::spawn(crate::tunnel::run(
+            self.config.coordinator.clone(),
+            Arc::clone(&self.key),
+            self.node_id,
+            self.serving.clone(),
             shutdown.clone(),
         ));
         // Ends when the agent does (its contact sender with it), or with the process.

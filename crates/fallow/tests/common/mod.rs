@@ -7,6 +7,8 @@
 // Each test binary uses part of the harness.
 #![allow(dead_code)]
 
+pub mod world;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};

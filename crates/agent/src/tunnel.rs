@@ -1,0 +1,245 @@
+//! The agent's end of the gateway's tunnel. The agent dials out (a provider's node is often
+//! behind NAT and opens no inbound port): one HTTP/1.1 request to `POST /v1/agent/tunnel`,
+//! signed like every agent request, upgraded to `fallow-tunnel`. Over that connection the
+//! coordinator's gateway is the HTTP/2 client and the agent the server: each request names its
+//! replica (`x-fallow-lease`), and the agent forwards it to the replica's port on this host and
+//! streams the answer back. A replica is reachable only once its health check answered
+//! (`Routes::ready`); a request for one that is not is answered here, marked unreached, so the
+//! gateway may send it to another replica. A tunnel that breaks is dialled again.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::sync::watch;
+use trust::NodeKey;
+
+/// The header naming the replica a request is for (its lease id).
+pub const LEASE_HEADER: &str = "x-fallow-lease";
+/// Marks an answer the agent gave because the replica could not be reached.
+pub const UNREACHED_HEADER: &str = "x-fallow-unreached";
+const PROTOCOL: &str = "fallow-tunnel";
+const PATH: &str = "/v1/agent/tunnel";
+
+/// The ports of this node's ready serving replicas, by lease id.
+#[derive(Clone, Default)]
+pub struct Routes(Arc<RwLock<HashMap<i64, u16>>>);
+
+impl Routes {
+    /// The replica of `lease_id` answers on `port`.
+    pub fn ready(&self, lease_id: i64, port: u16) {
+        self.0.write().expect("routes lock").insert(lease_id, port);
+    }
+
+    /// The replica of `lease_id` takes no more requests.
+    pub fn remove(&self, lease_id: i64) {
+        self.0.write().expect("routes lock").remove(&lease_id);
+    }
+
+    pub fn port(&self, lease_id: i64) -> Option<u16> {
+        self.0.read().expect("routes lock").get(&lease_id).copied()
+    }
+}
+
+type Answer = Response<Either<Incoming, Full<Bytes>>>;
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as i64)
+}
+
+/// Keeps the node's tunnel up until `shutdown` turns true: dials, serves, and dials again after
+/// a pause that grows to 10 s while the coordinator cannot be reached.
+pub async fn run(
+    coordinator: String,
+    key: Arc<NodeKey>,
+    node_id: i64,
+    routes: Routes,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut pause = Duration::from_millis(250);
+    let replicas: HttpClient<HttpConnector, Incoming> = HttpClient::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build_http();
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let started = std::time::Instant::now();
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            result = serve_once(&coordinator, &key, node_id, &routes, &replicas) => {
+                match result {
+                    Ok(()) => tracing::info!("the gateway's tunnel closed; dialling again"),
+                    Err(error) => tracing::warn!(%error, "the gateway's tunnel: dialling again"),
+                }
+            }
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            pause = Duration::from_millis(250);
+        }
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(Duration::from_secs(10));
+    }
+}
+
+/// One tunnel: dial, upgrade, serve until the connection ends.
+async fn serve_once(
+    coordinator: &str,
+    key: &NodeKey,
+    node_id: i64,
+    routes: &Routes,
+    replicas: &HttpClient<HttpConnector, Incoming>,
+) -> Result<(), String> {
+    let http = reqwest::Client::builder()
+        .http1_only()
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|error| error.to_string())?;
+    let body = b"{}".to_vec();
+    let signed = key.sign_request_now(node_id, "POST", PATH, &body, now_ms());
+    let mut request = http
+        .post(format!("{}{PATH}", coordinator.trim_end_matches('/')))
+        .header(header::CONNECTION, "upgrade")
+        .header(header::UPGRADE, PROTOCOL)
+        .header(header::CONTENT_TYPE, "application/json")
+        .timeout(Duration::from_secs(30))
+        .body(body);
+    for (name, value) in signed.header_pairs() {
+        request = request.header(name, value);
+    }
+    let response = request.send().await.map_err(|error| error.to_string())?;
+    if response.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        return Err(format!("the coordinator answered {status}: {text}"));
+    }
+    let upgraded = response.upgrade().await.map_err(|error| error.to_string())?;
+    tracing::info!("the gateway's tunnel is up");
+    let routes = routes.clone();
+    let replicas = replicas.clone();
+    let service = hyper::service::service_fn(move |request| {
+        let routes = routes.clone();
+        let replicas = replicas.clone();
+        async move { Ok::<_, Infallible>(forward(request, &routes, &replicas).await) }
+    });
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .initial_stream_window_size(1 << 20)
+        .initial_connection_window_size(8 << 20)
+        .max_concurrent_streams(4096)
+        .keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20));
+    builder
+        .serve_connection(TokioIo::new(upgraded), service)
+        .await
+        .map_err(|error| error.to_string())
+}
+
+/// One request from the gateway, to its replica on this host.
+async fn forward(
+    request: Request<Incoming>,
+    routes: &Routes,
+    replicas: &HttpClient<HttpConnector, Incoming>,
+) -> Answer {
+    let lease = request
+        .headers()
+        .get(LEASE_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<i64>().ok());
+    let Some(lease) = lease else {
+        return unreached(StatusCode::BAD_REQUEST, "no x-fallow-lease header");
+    };
+    let Some(port) = routes.port(lease) else {
+        return unreached(StatusCode::SERVICE_UNAVAILABLE, "the replica is not ready on this node");
+    };
+    let (mut parts, body) = request.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |path| path.as_str());
+    let Ok(uri) = format!("http://127.0.0.1:{port}{path}").parse() else {
+        return unreached(StatusCode::BAD_REQUEST, "the path is not a valid URI");
+    };
+    parts.uri = uri;
+    parts.version = hyper::Version::HTTP_11;
+    parts.headers.remove(LEASE_HEADER);
+    parts.headers.insert(
+        header::HOST,
+        HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("a valid host"),
+    );
+    match replicas.request(Request::from_parts(parts, body)).await {
+        Ok(response) => response.map(Either::Left),
+        // The replica refused the connection or broke it before answering.
+        Err(error) if error.is_connect() => unreached(StatusCode::BAD_GATEWAY, &format!("the replica: {error}")),
+        Err(error) => {
+            let mut answer = Response::new(Either::Right(Full::new(Bytes::from(format!(
+                "{{\"error\":{{\"code\":\"bad_gateway\",\"message\":\"the replica failed: {}\"}}}}",
+                error.to_string().replace('"', "'")
+            )))));
+            *answer.status_mut() = StatusCode::BAD_GATEWAY;
+            answer
+        }
+    }
+}
+
+fn unreached(status: StatusCode, message: &str) -> Answer {
+    let body = format!("{{\"error\":{{\"code\":\"unreached\",\"message\":\"{message}\"}}}}");
+    let mut answer = Response::new(Either::Right(Full::new(Bytes::from(body))));
+    *answer.status_mut() = status;
+    answer
+        .headers_mut()
+        .insert(UNREACHED_HEADER, HeaderValue::from_static("1"));
+    answer
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    answer
+}
+
+/// Probes a serving replica until it answers its health check (any 2xx on `path`), then makes
+/// it reachable; gives up when `stop` turns true.
+pub async fn wait_ready(routes: Routes, lease_id: i64, port: u16, path: String, mut stop: watch::Receiver<bool>) {
+    let probe = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("a plain HTTP client builds");
+    let url = format!(
+        "http://127.0.0.1:{port}{}",
+        if path.is_empty() { "/" } else { path.as_str() }
+    );
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        if probe
+            .get(&url)
+            .send()
+            .await
+            .is_ok_and(|response| response.status().is_success())
+        {
+            routes.ready(lease_id, port);
+            tracing::info!(lease = lease_id, port, "serving replica ready");
+            return;
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
+/// A free TCP port on this host for a serving replica (`PORT`): the kernel's choice.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind(("0.0.0.0", 0))?.local_addr()?.port())
+}

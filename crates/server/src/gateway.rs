@@ -1,0 +1,413 @@
+//! The gateway's data plane: the agents' tunnels and the requests sent through them.
+//!
+//! Provider nodes are often behind NAT, so the gateway never dials a node. Each agent keeps one
+//! outbound connection to the coordinator (`POST /v1/agent/tunnel`, signed like every agent
+//! request), upgraded to the `fallow-tunnel` protocol; over it the gateway is the HTTP/2 client
+//! and the agent the server. A request for a service goes to one of its ready replicas, named in
+//! the `x-fallow-lease` header; the agent forwards it to the replica's port and streams the
+//! answer back, so server-sent events and chunked answers pass through as they come.
+//!
+//! Which replicas serve which service is the routes' business (they read the store); this module
+//! keeps the tunnels by node, the requests in flight by replica (least outstanding wins), a short
+//! cache of each service's replicas, and the retry of a request no replica answered. It holds
+//! nothing that cannot be rebuilt: tunnels come back when agents reconnect, the cache refills.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, header};
+use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::TokioExecutor;
+
+/// The header naming the replica (its lease id) a tunnelled request is for.
+pub const LEASE_HEADER: &str = "x-fallow-lease";
+/// Set by the agent on an answer it gave itself because the replica could not be reached (not
+/// running, not ready, refused the connection): the request never reached it, so it may go to
+/// another replica whatever its method.
+pub const UNREACHED_HEADER: &str = "x-fallow-unreached";
+/// The protocol a tunnel's connection upgrades to.
+pub const TUNNEL_PROTOCOL: &str = "fallow-tunnel";
+/// A request marked safe to send twice by its caller (besides the idempotent methods).
+pub const RETRY_HEADER: &str = "x-fallow-retry";
+/// How long a service's replicas are read from the cache before the store is asked again.
+pub const DIRECTORY_TTL: Duration = Duration::from_millis(500);
+/// The largest request body the gateway takes (it is kept, to send again on a retry).
+pub const REQUEST_BYTES_MAX: usize = 16 << 20;
+
+/// Answers up to this size (by their `content-length`) are read whole before they are passed on.
+pub const BUFFERED_BYTES_MAX: u64 = 1 << 20;
+
+/// A replica that serves: its lease and the node whose tunnel reaches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub lease_id: i64,
+    pub node_id: i64,
+}
+
+struct Tunnel {
+    generation: u64,
+    sender: SendRequest<Body>,
+}
+
+type Services = HashMap<(i64, String), (Instant, Arc<Vec<Endpoint>>)>;
+
+/// The gateway's state: tunnels by node, requests in flight by lease, services' replicas cached.
+#[derive(Default)]
+pub struct Gateway {
+    tunnels: RwLock<HashMap<i64, Tunnel>>,
+    generation: AtomicU64,
+    in_flight: Mutex<HashMap<i64, Arc<AtomicU32>>>,
+    services: Mutex<Services>,
+    /// Spreads ties between equally loaded replicas.
+    turn: AtomicU64,
+}
+
+/// Why a request could not be answered by a replica.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unanswered {
+    /// No replica of the service is ready with its node's tunnel up.
+    NoReplica,
+    /// Every replica tried failed before answering (the last error).
+    Failed(String),
+}
+
+impl Gateway {
+    /// Takes over an upgraded connection from node `node_id` as its tunnel: the gateway's HTTP/2
+    /// client runs over it until it closes (a newer tunnel of the node replaces it).
+    pub fn accept(self: &Arc<Self>, node_id: i64, upgrade: hyper::upgrade::OnUpgrade) {
+        let gateway = Arc::clone(self);
+        tokio::spawn(async move {
+            let upgraded = match upgrade.await {
+                Ok(upgraded) => upgraded,
+                Err(error) => {
+                    tracing::warn!(node = node_id, %error, "a tunnel's upgrade failed");
+                    return;
+                }
+            };
+            let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .initial_stream_window_size(1 << 20)
+                .initial_connection_window_size(8 << 20)
+                .max_concurrent_reset_streams(1024)
+                .keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_timeout(Duration::from_secs(20));
+            let (sender, connection) = match builder.handshake(upgraded).await {
+                Ok(pair) => pair,
+                Err(error) => {
+                    tracing::warn!(node = node_id, %error, "a tunnel's HTTP/2 handshake failed");
+                    return;
+                }
+            };
+            let generation = gateway.generation.fetch_add(1, Ordering::Relaxed) + 1;
+            gateway
+                .tunnels
+                .write()
+                .expect("tunnels lock")
+                .insert(node_id, Tunnel { generation, sender });
+            tracing::info!(node = node_id, "tunnel up");
+            if let Err(error) = connection.await {
+                tracing::info!(node = node_id, %error, "tunnel closed");
+            }
+            let mut tunnels = gateway.tunnels.write().expect("tunnels lock");
+            if tunnels
+                .get(&node_id)
+                .is_some_and(|tunnel| tunnel.generation == generation)
+            {
+                tunnels.remove(&node_id);
+            }
+        });
+    }
+
+    /// How many nodes have a tunnel up.
+    pub fn tunnels_up(&self) -> usize {
+        self.tunnels.read().expect("tunnels lock").len()
+    }
+
+    /// Whether node `node_id` has a tunnel up.
+    pub fn connected(&self, node_id: i64) -> bool {
+        self.tunnels
+            .read()
+            .expect("tunnels lock")
+            .get(&node_id)
+            .is_some_and(|tunnel| tunnel.sender.is_ready())
+    }
+
+    /// A service's replicas as last read from the store, while fresh.
+    pub fn cached(&self, tenant_id: i64, name: &str) -> Option<Arc<Vec<Endpoint>>> {
+        let services = self.services.lock().expect("services lock");
+        let (at, endpoints) = services.get(&(tenant_id, name.to_string()))?;
+        (at.elapsed() < DIRECTORY_TTL).then(|| Arc::clone(endpoints))
+    }
+
+    /// Keeps a service's replicas as just read from the store.
+    pub fn remember(&self, tenant_id: i64, name: &str, endpoints: Vec<Endpoint>) -> Arc<Vec<Endpoint>> {
+        let endpoints = Arc::new(endpoints);
+        let mut services = self.services.lock().expect("services lock");
+        if services.len() > 100_000 {
+            services.retain(|_, (at, _)| at.elapsed() < DIRECTORY_TTL);
+        }
+        services.insert((tenant_id, name.to_string()), (Instant::now(), Arc::clone(&endpoints)));
+        endpoints
+    }
+
+    /// Requests in flight to the replica of `lease_id`.
+    pub fn in_flight(&self, lease_id: i64) -> u32 {
+        self.counter(lease_id).load(Ordering::Relaxed)
+    }
+
+    fn counter(&self, lease_id: i64) -> Arc<AtomicU32> {
+        let mut counters = self.in_flight.lock().expect("in-flight lock");
+        Arc::clone(counters.entry(lease_id).or_default())
+    }
+
+    /// The replica to try next: connected, not tried yet, the fewest requests in flight.
+    fn pick(&self, endpoints: &[Endpoint], tried: &[i64]) -> Option<(Endpoint, SendRequest<Body>)> {
+        let tunnels = self.tunnels.read().expect("tunnels lock");
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed) as usize;
+        let count = endpoints.len();
+        let mut best: Option<(u32, Endpoint, &SendRequest<Body>)> = None;
+        for offset in 0..count {
+            let endpoint = endpoints[(turn + offset) % count];
+            if tried.contains(&endpoint.lease_id) {
+                continue;
+            }
+            let Some(tunnel) = tunnels.get(&endpoint.node_id) else {
+                continue;
+            };
+            if tunnel.sender.is_closed() {
+                continue;
+            }
+            let load = self.in_flight(endpoint.lease_id);
+            if best.as_ref().is_none_or(|(least, _, _)| load < *least) {
+                best = Some((load, endpoint, &tunnel.sender));
+            }
+        }
+        best.map(|(_, endpoint, sender)| (endpoint, sender.clone()))
+    }
+
+    /// Sends a request to one of `endpoints` and returns its answer as it streams. A replica
+    /// that fails before answering (its tunnel broke, the agent could not reach it) costs one
+    /// retry on another replica when the request may be sent twice: the agent did not reach
+    /// the replica, or the method is idempotent, or the caller said so (`x-fallow-retry: 1`).
+    pub async fn forward(
+        &self,
+        endpoints: &[Endpoint],
+        method: Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Body>, Unanswered> {
+        let may_repeat = is_idempotent(&method) || headers.get(RETRY_HEADER).is_some_and(|value| value == "1");
+        let uri: Uri = format!("http://replica{path_and_query}")
+            .parse()
+            .map_err(|error: axum::http::uri::InvalidUri| Unanswered::Failed(error.to_string()))?;
+        let mut tried = Vec::new();
+        let mut last_error = None;
+        while tried.len() < 2 {
+            let Some((endpoint, mut sender)) = self.pick(endpoints, &tried) else {
+                break;
+            };
+            tried.push(endpoint.lease_id);
+            let mut request = Request::builder()
+                .method(method.clone())
+                .uri(uri.clone())
+                .body(Body::from(body.clone()))
+                .expect("a request from parts that parsed");
+            copy_end_to_end(headers, request.headers_mut());
+            request
+                .headers_mut()
+                .insert(LEASE_HEADER, HeaderValue::from(endpoint.lease_id));
+            let counter = self.counter(endpoint.lease_id);
+            let guard = InFlight::enter(counter);
+            if let Err(error) = sender.ready().await {
+                last_error = Some(format!("replica {}: its tunnel: {error}", endpoint.lease_id));
+                continue;
+            }
+            match sender.send_request(request).await {
+                Ok(response) if response.headers().contains_key(UNREACHED_HEADER) => {
+                    last_error = Some(format!("replica {}: {}", endpoint.lease_id, response.status()));
+                }
+                Ok(response) => {
+                    let (mut parts, incoming) = response.into_parts();
+                    strip_hop_by_hop(&mut parts.headers);
+                    // A whole answer of known, modest size is read before it is passed on, so
+                    // one cut short (its node lost mid-answer) can still go to another replica;
+                    // a stream passes through as it comes.
+                    if declared_length(&parts.headers).is_some_and(|length| length <= BUFFERED_BYTES_MAX) {
+                        match http_body_util::BodyExt::collect(incoming).await {
+                            Ok(collected) => {
+                                return Ok(Response::from_parts(parts, Body::from(collected.to_bytes())));
+                            }
+                            Err(error) => {
+                                last_error =
+                                    Some(format!("replica {}: its answer broke off: {error}", endpoint.lease_id));
+                                if !may_repeat {
+                                    break;
+                                }
+                                continue;
+                            }
+                        }
+                    }
+                    return Ok(Response::from_parts(
+                        parts,
+                        Body::new(Guarded {
+                            inner: incoming,
+                            _guard: guard,
+                        }),
+                    ));
+                }
+                Err(error) => {
+                    last_error = Some(format!("replica {}: {error}", endpoint.lease_id));
+                    if !may_repeat {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(last_error.map_or(Unanswered::NoReplica, Unanswered::Failed))
+    }
+}
+
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+fn is_idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
+}
+
+/// Headers that describe one hop, not the message (RFC 9110 § 7.6.1), and the caller's key.
+fn hop_by_hop(name: &header::HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+    )
+}
+
+fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
+    for (name, value) in from {
+        // The tenant's key is for the gateway, never for the provider's node.
+        if hop_by_hop(name) || name == header::AUTHORIZATION || name.as_str() == LEASE_HEADER {
+            continue;
+        }
+        to.append(name.clone(), value.clone());
+    }
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let names: Vec<_> = headers.keys().filter(|name| hop_by_hop(name)).cloned().collect();
+    for name in names {
+        headers.remove(name);
+    }
+}
+
+/// Counts a request in flight to a replica until its answer's body is done (or dropped).
+struct InFlight(Arc<AtomicU32>);
+
+impl InFlight {
+    fn enter(counter: Arc<AtomicU32>) -> InFlight {
+        counter.fetch_add(1, Ordering::Relaxed);
+        InFlight(counter)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A replica's answer, holding its in-flight count until the last byte.
+struct Guarded {
+    inner: Incoming,
+    _guard: InFlight,
+}
+
+impl hyper::body::Body for Guarded {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(context)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// An answer the gateway gives itself.
+pub fn answer(status: StatusCode, message: &str) -> Response<Body> {
+    let body = serde_json::json!({"error": {"code": status.canonical_reason().unwrap_or("error").to_lowercase().replace(' ', "_"), "message": message}});
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("a response from fixed parts")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_callers_key_and_hop_headers_stay_at_the_gateway() {
+        let mut from = HeaderMap::new();
+        from.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer secret"));
+        from.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        from.insert(header::HOST, HeaderValue::from_static("gateway"));
+        from.insert(LEASE_HEADER, HeaderValue::from_static("7"));
+        from.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let mut to = HeaderMap::new();
+        copy_end_to_end(&from, &mut to);
+        assert_eq!(to.len(), 1, "{to:?}");
+        assert_eq!(to[header::CONTENT_TYPE], "application/json");
+    }
+
+    #[test]
+    fn only_idempotent_methods_repeat_by_themselves() {
+        assert!(is_idempotent(&Method::GET));
+        assert!(is_idempotent(&Method::PUT));
+        assert!(!is_idempotent(&Method::POST));
+        assert!(!is_idempotent(&Method::PATCH));
+    }
+
+    #[test]
+    fn a_service_is_cached_only_briefly() {
+        let gateway = Gateway::default();
+        assert_eq!(gateway.cached(1, "llm"), None);
+        let endpoints = vec![Endpoint {
+            lease_id: 3,
+            node_id: 9,
+        }];
+        gateway.remember(1, "llm", endpoints.clone());
+        assert_eq!(gateway.cached(1, "llm").as_deref(), Some(&endpoints));
+        assert_eq!(gateway.cached(2, "llm"), None, "another tenant's service of that name");
+    }
+}
