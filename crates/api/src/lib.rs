@@ -320,6 +320,28 @@ pub struct OfferList {
     pub explanation: Option<String>,
 }
 
+/// A service as the gateway sees it: the tenant's running replicas that serve the name, how
+/// many are reachable, and what its callers got from this gateway since it started.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ServiceView {
+    pub name: String,
+    /// Lease ids of the running replicas that serve it.
+    pub replicas: Vec<i64>,
+    /// Those whose node's tunnel to the gateway is up.
+    pub replicas_ready: u64,
+    pub requests: u64,
+    /// Answers of 5xx, and requests no replica answered.
+    pub errors: u64,
+    /// Latency to the answer, ms (none before the first request).
+    pub p50_ms: Option<f64>,
+    pub p95_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    /// From the OpenAI-style `usage` objects of the answers.
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub tokens: u64,
+}
+
 /// A site's coordinates, as an admin sets them once (`PUT /v1/sites/{name}`): every node that
 /// names the site and declares no coordinates of its own takes them.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]

@@ -129,6 +129,7 @@ async fn a_service_answers_through_the_gateway_and_survives_a_lost_node() {
     assert_eq!(text.matches("data: ").count(), 5, "{text}");
 
     // Load from 8 callers; one node is lost a quarter of the way through.
+    let before = world.get("/v1/services/llm").await;
     let spare = world.agent("serve-spare", "process", "1.00", None);
     world.nodes_online(3).await;
     let world = Arc::new(world);
@@ -176,6 +177,32 @@ async fn a_service_answers_through_the_gateway_and_survives_a_lost_node() {
     );
     // Each prompt is 4 words and each completion 4 tokens.
     assert_eq!(tokens.load(Ordering::Relaxed), 800 * 8);
+    // The gateway counted what the callers did.
+    let after_load = world.get("/v1/services/llm").await;
+    let delta = |field: &str| after_load[field].as_u64().unwrap_or(0) - before[field].as_u64().unwrap_or(0);
+    assert_eq!(
+        (delta("requests"), delta("errors"), delta("tokens")),
+        (800, 0, tokens.load(Ordering::Relaxed) as u64),
+        "{after_load}"
+    );
+    let shown = std::process::Command::new(env!("CARGO_BIN_EXE_fallow"))
+        .args(["service", "show", "llm"])
+        .env("FALLOW_URL", &world.server.url)
+        .env("FALLOW_API_KEY", &world.tenant_key)
+        .output()
+        .expect("run fallow service show");
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.status.success() && text.contains("reachable") && text.contains("p95"),
+        "{text}"
+    );
+    let p95 = after_load["p95_ms"]
+        .as_f64()
+        .expect("a p95 once requests were answered");
+    assert!(
+        p95 > 0.0 && p95 <= after_load["p99_ms"].as_f64().unwrap_or(0.0),
+        "{after_load}"
+    );
 
     // The lost replica is placed again (on the spare) and serves beside the survivor.
     let after = eventually(

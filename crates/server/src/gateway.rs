@@ -57,6 +57,72 @@ struct Tunnel {
 
 type Services = HashMap<(i64, String), (Instant, Arc<Vec<Endpoint>>)>;
 
+/// Latency buckets: each 10 % above the last, from 50 µs (the last catches everything past
+/// about 7 minutes), so a quantile read from them is within 10 %.
+const LATENCY_BUCKETS: usize = 160;
+const LATENCY_FIRST_US: f64 = 50.0;
+const LATENCY_GROWTH: f64 = 1.1;
+
+/// What a service's callers got from the gateway since it started: requests, errors (5xx and
+/// unanswered), latency to the answer (its whole body when buffered, its head when streamed),
+/// and the tokens that OpenAI-style answers reported in their `usage`.
+#[derive(Clone, Debug)]
+pub struct ServiceStats {
+    pub requests: u64,
+    pub errors: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    latency: Vec<u64>,
+}
+
+impl Default for ServiceStats {
+    fn default() -> ServiceStats {
+        ServiceStats {
+            requests: 0,
+            errors: 0,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            latency: vec![0; LATENCY_BUCKETS],
+        }
+    }
+}
+
+impl ServiceStats {
+    fn bucket(micros: f64) -> usize {
+        if micros <= LATENCY_FIRST_US {
+            return 0;
+        }
+        (((micros / LATENCY_FIRST_US).ln() / LATENCY_GROWTH.ln()).ceil() as usize).min(LATENCY_BUCKETS - 1)
+    }
+
+    /// The latency (ms) under which `quantile` of the requests were answered: the upper bound of
+    /// its bucket; None before the first request.
+    pub fn quantile_ms(&self, quantile: f64) -> Option<f64> {
+        let total: u64 = self.latency.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((total as f64) * quantile).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (bucket, count) in self.latency.iter().enumerate() {
+            seen += count;
+            if seen >= rank {
+                return Some(LATENCY_FIRST_US * LATENCY_GROWTH.powi(bucket as i32) / 1000.0);
+            }
+        }
+        None
+    }
+}
+
+/// One answered (or unanswered) request, for its service's stats.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Outcome {
+    pub error: bool,
+    pub micros: u64,
+    /// Prompt and completion tokens of an OpenAI-style `usage` object in a buffered answer.
+    pub tokens: Option<(u64, u64)>,
+}
+
 /// The gateway's state: tunnels by node, requests in flight by lease, services' replicas cached.
 #[derive(Default)]
 pub struct Gateway {
@@ -66,6 +132,7 @@ pub struct Gateway {
     services: Mutex<Services>,
     /// Spreads ties between equally loaded replicas.
     turn: AtomicU64,
+    stats: Mutex<HashMap<(i64, String), ServiceStats>>,
 }
 
 /// Why a request could not be answered by a replica.
@@ -123,6 +190,49 @@ impl Gateway {
                 tunnels.remove(&node_id);
             }
         });
+    }
+
+    /// Counts a request to `tenant_id`'s service `name`.
+    pub fn record(&self, tenant_id: i64, name: &str, outcome: Outcome) {
+        let mut stats = self.stats.lock().expect("stats lock");
+        let entry = match stats.get_mut(&(tenant_id, name.to_string())) {
+            Some(entry) => entry,
+            None => stats.entry((tenant_id, name.to_string())).or_default(),
+        };
+        entry.requests += 1;
+        entry.errors += u64::from(outcome.error);
+        entry.latency[ServiceStats::bucket(outcome.micros as f64)] += 1;
+        if let Some((prompt, completion)) = outcome.tokens {
+            entry.prompt_tokens += prompt;
+            entry.completion_tokens += completion;
+        }
+    }
+
+    /// A service's stats (default when it has had no request here).
+    pub fn stats(&self, tenant_id: i64, name: &str) -> ServiceStats {
+        let stats = self.stats.lock().expect("stats lock");
+        stats.get(&(tenant_id, name.to_string())).cloned().unwrap_or_default()
+    }
+
+    /// Every service's stats, by tenant and name.
+    pub fn all_stats(&self) -> Vec<((i64, String), ServiceStats)> {
+        let stats = self.stats.lock().expect("stats lock");
+        let mut all: Vec<_> = stats.iter().map(|(key, value)| (key.clone(), value.clone())).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// How many of `endpoints` are reachable: their node's tunnel is up.
+    pub fn reachable(&self, endpoints: &[Endpoint]) -> usize {
+        let tunnels = self.tunnels.read().expect("tunnels lock");
+        endpoints
+            .iter()
+            .filter(|endpoint| {
+                tunnels
+                    .get(&endpoint.node_id)
+                    .is_some_and(|tunnel| !tunnel.sender.is_closed())
+            })
+            .count()
     }
 
     /// How many nodes have a tunnel up.
@@ -203,7 +313,7 @@ impl Gateway {
         path_and_query: &str,
         headers: &HeaderMap,
         body: Bytes,
-    ) -> Result<Response<Body>, Unanswered> {
+    ) -> Result<(Response<Body>, Option<(u64, u64)>), Unanswered> {
         let may_repeat = is_idempotent(&method) || headers.get(RETRY_HEADER).is_some_and(|value| value == "1");
         let uri: Uri = format!("http://replica{path_and_query}")
             .parse()
@@ -243,7 +353,9 @@ impl Gateway {
                     if declared_length(&parts.headers).is_some_and(|length| length <= BUFFERED_BYTES_MAX) {
                         match http_body_util::BodyExt::collect(incoming).await {
                             Ok(collected) => {
-                                return Ok(Response::from_parts(parts, Body::from(collected.to_bytes())));
+                                let bytes = collected.to_bytes();
+                                let tokens = usage_tokens(&bytes);
+                                return Ok((Response::from_parts(parts, Body::from(bytes)), tokens));
                             }
                             Err(error) => {
                                 last_error =
@@ -255,12 +367,15 @@ impl Gateway {
                             }
                         }
                     }
-                    return Ok(Response::from_parts(
-                        parts,
-                        Body::new(Guarded {
-                            inner: incoming,
-                            _guard: guard,
-                        }),
+                    return Ok((
+                        Response::from_parts(
+                            parts,
+                            Body::new(Guarded {
+                                inner: incoming,
+                                _guard: guard,
+                            }),
+                        ),
+                        None,
                     ));
                 }
                 Err(error) => {
@@ -273,6 +388,17 @@ impl Gateway {
         }
         Err(last_error.map_or(Unanswered::NoReplica, Unanswered::Failed))
     }
+}
+
+/// The prompt and completion tokens of an OpenAI-style answer's `usage` object.
+fn usage_tokens(bytes: &[u8]) -> Option<(u64, u64)> {
+    if !bytes.windows(7).any(|window| window == b"\"usage\"") {
+        return None;
+    }
+    let answer: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let usage = answer.get("usage")?;
+    let count = |field: &str| usage.get(field).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    Some((count("prompt_tokens"), count("completion_tokens")))
 }
 
 fn declared_length(headers: &HeaderMap) -> Option<u64> {
@@ -396,6 +522,35 @@ mod tests {
         assert!(is_idempotent(&Method::PUT));
         assert!(!is_idempotent(&Method::POST));
         assert!(!is_idempotent(&Method::PATCH));
+    }
+
+    #[test]
+    fn tokens_come_from_an_openai_usage_object() {
+        let answer = br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}"#;
+        assert_eq!(usage_tokens(answer), Some((3, 5)));
+        assert_eq!(usage_tokens(b"{\"ok\":true}"), None);
+        assert_eq!(usage_tokens(b"not json \"usage\""), None);
+    }
+
+    #[test]
+    fn latency_quantiles_are_within_ten_percent() {
+        let gateway = Gateway::default();
+        assert_eq!(gateway.stats(1, "llm").quantile_ms(0.5), None);
+        for millis in 1..=100u64 {
+            let outcome = Outcome {
+                error: millis > 98,
+                micros: millis * 1000,
+                tokens: Some((1, 2)),
+            };
+            gateway.record(1, "llm", outcome);
+        }
+        let stats = gateway.stats(1, "llm");
+        assert_eq!((stats.requests, stats.errors), (100, 2));
+        assert_eq!((stats.prompt_tokens, stats.completion_tokens), (100, 200));
+        for (quantile, exact) in [(0.5, 50.0), (0.95, 95.0), (0.99, 99.0)] {
+            let read = stats.quantile_ms(quantile).expect("requests were counted");
+            assert!(read >= exact && read <= exact * 1.1, "p{quantile}: {read} for {exact}");
+        }
     }
 
     #[test]

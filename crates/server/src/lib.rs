@@ -74,6 +74,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/nodes/{id}", get(routes::show_node))
         .route("/v1/nodes/{id}/policy", put(routes::set_policy))
         .route("/v1/agent/tunnel", post(routes::agent_tunnel))
+        .route("/v1/services/{name}", get(routes::show_service))
         .route("/s/{service}", any(routes::serve))
         .route("/s/{service}/{*path}", any(routes::serve))
         .route("/v1/sites", get(routes::list_sites))

@@ -79,7 +79,8 @@ use utoipa::OpenApi;
         api::LeaseSet,
         api::SiteRequest,
         api::SiteView,
-        api::ServeSpec
+        api::ServeSpec,
+        api::ServiceView
     ))
 )]
 struct Schemas;
@@ -222,6 +223,15 @@ const PATHS: &[Operation] = &[
         "Set a node's prices, schedule, calendar and limits",
         Some("PolicyDoc"),
         Some("NodeView"),
+        200,
+    ),
+    (
+        "get",
+        "/v1/services/{name}",
+        "tenant",
+        "A service served through the gateway: replicas, requests, errors, latency, tokens",
+        None,
+        Some("ServiceView"),
         200,
     ),
     (

@@ -8,19 +8,8 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{Agent, Harness, job_request, on_every_backend};
+use common::{Agent, Harness, job_request, live_leases, on_every_backend};
 use serde_json::{Value, json};
-
-/// Live leases of a job view.
-fn live_leases(view: &Value) -> Vec<Value> {
-    view["leases"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|lease| ["pending", "staging", "running"].contains(&lease["state"].as_str().unwrap_or("")))
-        .cloned()
-        .collect()
-}
 
 /// A gang of `replicas` GB200 replicas of 4 GPUs each in one NVLink domain.
 fn nvlink_gang(name: &str, replicas: u32) -> Value {

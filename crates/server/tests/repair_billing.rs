@@ -5,19 +5,8 @@
 
 mod common;
 
-use common::{Agent, Harness, job_request, now_ms, on_every_backend_with};
+use common::{Agent, Harness, job_request, live_leases, now_ms, on_every_backend_with};
 use serde_json::{Value, json};
-
-/// Live leases of a job view.
-fn live_leases(view: &Value) -> Vec<Value> {
-    view["leases"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|lease| ["pending", "staging", "running"].contains(&lease["state"].as_str().unwrap_or("")))
-        .cloned()
-        .collect()
-}
 
 /// A staged event with the port the agent reserved.
 async fn stage(agent: &Agent, lease: &Value, port: u16) {
@@ -34,17 +23,7 @@ async fn stage(agent: &Agent, lease: &Value, port: u16) {
 
 /// A signed usage record of one whole GPU for the second from `start_ms`; the micros charged.
 async fn charge(agent: &Agent, lease: &Value, sequence: i64, start_ms: i64) -> i64 {
-    let record = trust::UsageRecord {
-        lease_id: lease["id"].as_i64().expect("lease id"),
-        epoch: lease["epoch"].as_i64().expect("lease epoch"),
-        sequence,
-        period_start_ms: start_ms,
-        period_end_ms: start_ms + 1000,
-        gpu_seconds_milli: 1000,
-        gpu_utilisation_permille: 900,
-        telemetry_digest: "blake3:test".to_string(),
-    };
-    let signed = serde_json::to_value(trust::sign_record(&agent.key, agent.node_id, &record)).expect("serialises");
+    let signed = agent.usage_at(lease, sequence, start_ms, 1000);
     let accepted = agent
         .signed("POST", "/v1/agent/usage", Some(&signed))
         .await

@@ -177,7 +177,7 @@ fn site_list(client: &Client) -> anyhow::Result<()> {
 }
 
 /// `text` as one URL path segment: every byte but RFC 3986's unreserved ones percent-encoded.
-fn path_segment(text: &str) -> String {
+pub(super) fn path_segment(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {

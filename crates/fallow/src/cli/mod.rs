@@ -10,6 +10,7 @@ pub mod node;
 pub mod offers;
 pub mod output;
 pub mod provider;
+pub mod service;
 pub mod tenant;
 
 use std::fmt;

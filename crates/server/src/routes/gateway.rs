@@ -3,6 +3,8 @@
 //! bearer token), whose requests go to the service's ready replicas through their nodes'
 //! tunnels (`crate::gateway`).
 
+use api::ServiceView;
+use axum::Json;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
@@ -13,11 +15,11 @@ use std::sync::Arc;
 use store::Role;
 
 use crate::error::ApiError;
-use crate::extract::{ServiceAuth, Signed};
-use crate::gateway::{Endpoint, REQUEST_BYTES_MAX, TUNNEL_PROTOCOL, Unanswered, answer};
+use crate::extract::{Auth, Path, ServiceAuth, Signed};
+use crate::gateway::{Endpoint, Outcome, REQUEST_BYTES_MAX, TUNNEL_PROTOCOL, Unanswered, answer};
 use crate::state::AppState;
 
-use super::AppStateRef;
+use super::{AppStateRef, require};
 
 /// The connection upgrade a tunnel request asks for.
 pub struct Upgrade(hyper::upgrade::OnUpgrade);
@@ -51,12 +53,46 @@ pub async fn agent_tunnel(State(state): AppStateRef, Upgrade(upgrade): Upgrade, 
     response
 }
 
+/// A service's replicas and its callers' requests, errors, latency and tokens at this gateway.
+pub async fn show_service(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(name): Path<String>,
+) -> Result<Json<ServiceView>, ApiError> {
+    require(&caller, &[Role::Tenant])?;
+    let replicas = state.store.serving_leases(caller.account_id, &name).await?;
+    let stats = state.gateway.stats(caller.account_id, &name);
+    if replicas.is_empty() && stats.requests == 0 {
+        return Err(ApiError::NotFound(format!(
+            "no service {name:?}: none of your running jobs serves it (serve.name)"
+        )));
+    }
+    let endpoints: Vec<Endpoint> = replicas
+        .iter()
+        .map(|&(lease_id, node_id)| Endpoint { lease_id, node_id })
+        .collect();
+    Ok(Json(ServiceView {
+        replicas_ready: state.gateway.reachable(&endpoints) as u64,
+        replicas: replicas.iter().map(|(lease, _)| *lease).collect(),
+        name,
+        requests: stats.requests,
+        errors: stats.errors,
+        p50_ms: stats.quantile_ms(0.50),
+        p95_ms: stats.quantile_ms(0.95),
+        p99_ms: stats.quantile_ms(0.99),
+        prompt_tokens: stats.prompt_tokens,
+        completion_tokens: stats.completion_tokens,
+        tokens: stats.prompt_tokens + stats.completion_tokens,
+    }))
+}
+
 /// A request for a service: `/s/{service}/PATH?QUERY` goes to `/PATH?QUERY` on one of the
 /// caller's ready replicas serving `service`.
 pub async fn serve(State(state): AppStateRef, ServiceAuth(caller): ServiceAuth, request: Request) -> Response {
     if caller.role != Role::Tenant && caller.role != Role::Admin {
         return ApiError::Forbidden("services are called with a tenant's key".into()).into_response();
     }
+    let started = std::time::Instant::now();
     let (parts, body) = request.into_parts();
     let rest = parts.uri.path().strip_prefix("/s/").unwrap_or_default();
     let (name, path) = match rest.find('/') {
@@ -96,19 +132,32 @@ pub async fn serve(State(state): AppStateRef, ServiceAuth(caller): ServiceAuth, 
             );
         }
     };
-    match state
+    let forwarded = state
         .gateway
         .forward(&endpoints, parts.method, &path_and_query, &parts.headers, body)
-        .await
-    {
-        Ok(response) => response,
-        Err(Unanswered::NoReplica) => answer(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &format!("no replica of {name:?} is reachable now (their nodes' tunnels are down)"),
+        .await;
+    let (response, tokens) = match forwarded {
+        Ok(answered) => answered,
+        Err(Unanswered::NoReplica) => (
+            answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("no replica of {name:?} is reachable now (their nodes' tunnels are down)"),
+            ),
+            None,
         ),
-        Err(Unanswered::Failed(error)) => answer(
-            StatusCode::BAD_GATEWAY,
-            &format!("no replica of {name:?} answered: {error}"),
+        Err(Unanswered::Failed(error)) => (
+            answer(
+                StatusCode::BAD_GATEWAY,
+                &format!("no replica of {name:?} answered: {error}"),
+            ),
+            None,
         ),
-    }
+    };
+    let outcome = Outcome {
+        error: response.status().is_server_error(),
+        micros: started.elapsed().as_micros() as u64,
+        tokens,
+    };
+    state.gateway.record(caller.account_id, name, outcome);
+    response
 }

@@ -79,5 +79,35 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> ApiResult<impl IntoR
             state.store.balance(account).await?
         );
     }
+    let services = state.gateway.all_stats();
+    if !services.is_empty() {
+        let _ = writeln!(out, "# TYPE fallow_service_requests_total counter");
+        let _ = writeln!(out, "# TYPE fallow_service_errors_total counter");
+        let _ = writeln!(out, "# TYPE fallow_service_tokens_total counter");
+        let _ = writeln!(out, "# TYPE fallow_service_latency_ms gauge");
+    }
+    for ((tenant, name), stats) in &services {
+        let labels = format!("tenant=\"{tenant}\",service=\"{name}\"");
+        let _ = writeln!(out, "fallow_service_requests_total{{{labels}}} {}", stats.requests);
+        let _ = writeln!(out, "fallow_service_errors_total{{{labels}}} {}", stats.errors);
+        let _ = writeln!(
+            out,
+            "fallow_service_tokens_total{{{labels},kind=\"prompt\"}} {}",
+            stats.prompt_tokens
+        );
+        let _ = writeln!(
+            out,
+            "fallow_service_tokens_total{{{labels},kind=\"completion\"}} {}",
+            stats.completion_tokens
+        );
+        for (quantile, label) in [(0.5, "0.5"), (0.95, "0.95"), (0.99, "0.99")] {
+            if let Some(ms) = stats.quantile_ms(quantile) {
+                let _ = writeln!(
+                    out,
+                    "fallow_service_latency_ms{{{labels},quantile=\"{label}\"}} {ms:.3}"
+                );
+            }
+        }
+    }
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out))
 }

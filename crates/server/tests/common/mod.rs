@@ -592,6 +592,17 @@ pub struct Snapshot {
     pub external: i64,
 }
 
+/// The live leases (pending, staging or running) of a job's view.
+pub fn live_leases(view: &Value) -> Vec<Value> {
+    view["leases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|lease| ["pending", "staging", "running"].contains(&lease["state"].as_str().unwrap_or("")))
+        .cloned()
+        .collect()
+}
+
 /// An eight-GPU H100 node in eu-west selling every tier (gold $3, silver $2, bronze $1).
 pub fn node_registration(key: &NodeKey, name: &str) -> Value {
     json!({
@@ -692,6 +703,12 @@ impl Agent {
     /// `sequence`th second (one whole GPU for that second is 1000).
     pub fn usage(&self, lease: &Value, sequence: i64, gpu_seconds_milli: i64) -> Value {
         let start_ms = lease["created_at_us"].as_i64().expect("lease created_at_us") / 1000 + (sequence - 1) * 1000;
+        self.usage_at(lease, sequence, start_ms, gpu_seconds_milli)
+    }
+
+    /// A usage record for `lease`, signed by this node: `gpu_seconds_milli` in the second from
+    /// `start_ms` (on this node's clock).
+    pub fn usage_at(&self, lease: &Value, sequence: i64, start_ms: i64, gpu_seconds_milli: i64) -> Value {
         let record = trust::UsageRecord {
             lease_id: lease["id"].as_i64().expect("lease id"),
             epoch: lease["epoch"].as_i64().expect("lease epoch"),
