@@ -27,6 +27,9 @@ use trust::NodeKey;
 pub const LEASE_HEADER: &str = "x-fallow-lease";
 /// Marks an answer the agent gave because the replica could not be reached.
 pub const UNREACHED_HEADER: &str = "x-fallow-unreached";
+/// Marks an answer the agent gave because the replica broke the connection after it got the
+/// request: it may have acted on it.
+pub const FAILED_HEADER: &str = "x-fallow-replica-failed";
 const PROTOCOL: &str = "fallow-tunnel";
 const PATH: &str = "/v1/agent/tunnel";
 
@@ -181,8 +184,11 @@ async fn forward(
     );
     match replicas.request(Request::from_parts(parts, body)).await {
         Ok(response) => response.map(Either::Left),
-        // The replica refused the connection or broke it before answering.
-        Err(error) if error.is_connect() => unreached(StatusCode::BAD_GATEWAY, &format!("the replica: {error}")),
+        // The replica refused the connection, or the request was never written to it (a pooled
+        // connection it had closed): it did not get the request.
+        Err(error) if error.is_connect() || never_sent(&error) => {
+            unreached(StatusCode::BAD_GATEWAY, &format!("the replica: {error}"))
+        }
         Err(error) => {
             let mut answer = Response::new(Either::Right(Full::new(Bytes::from(format!(
                 "{{\"error\":{{\"code\":\"bad_gateway\",\"message\":\"the replica failed: {}\"}}}}",
@@ -190,8 +196,23 @@ async fn forward(
             )))));
             *answer.status_mut() = StatusCode::BAD_GATEWAY;
             answer
+                .headers_mut()
+                .insert(FAILED_HEADER, HeaderValue::from_static("1"));
+            answer
         }
     }
+}
+
+/// Whether hyper gave up on the request before writing it (the connection was closed first).
+fn never_sent(error: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(hyper) = cause.downcast_ref::<hyper::Error>() {
+            return hyper.is_canceled();
+        }
+        source = cause.source();
+    }
+    false
 }
 
 fn unreached(status: StatusCode, message: &str) -> Answer {

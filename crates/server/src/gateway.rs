@@ -31,6 +31,9 @@ pub const LEASE_HEADER: &str = "x-fallow-lease";
 /// running, not ready, refused the connection): the request never reached it, so it may go to
 /// another replica whatever its method.
 pub const UNREACHED_HEADER: &str = "x-fallow-unreached";
+/// Set by the agent on an answer it gave itself because the replica broke the connection after
+/// it got the request (it may have acted on it): repeated only when the request may be.
+pub const FAILED_HEADER: &str = "x-fallow-replica-failed";
 /// The protocol a tunnel's connection upgrades to.
 pub const TUNNEL_PROTOCOL: &str = "fallow-tunnel";
 /// A request marked safe to send twice by its caller (besides the idempotent methods).
@@ -43,11 +46,59 @@ pub const REQUEST_BYTES_MAX: usize = 16 << 20;
 /// Answers up to this size (by their `content-length`) are read whole before they are passed on.
 pub const BUFFERED_BYTES_MAX: u64 = 1 << 20;
 
-/// A replica that serves: its lease and the node whose tunnel reaches it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The most replicas one request is tried on.
+pub const ATTEMPTS_MAX: usize = 8;
+
+/// A replica that serves: its lease, the node whose tunnel reaches it, the node's region, and
+/// whether it is bronze (interruptible, the cheapest).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
     pub lease_id: i64,
     pub node_id: i64,
+    pub region: String,
+    pub bronze: bool,
+}
+
+/// How a request wants to be routed: from the caller's region (`x-fallow-region`), and whether
+/// it is non-urgent (`x-fallow-priority: low`: bronze replicas first).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Preference {
+    pub region: Option<String>,
+    pub low_priority: bool,
+}
+
+impl Preference {
+    pub fn of(headers: &HeaderMap) -> Preference {
+        let text = |name: &str| headers.get(name).and_then(|value| value.to_str().ok()).map(str::trim);
+        Preference {
+            region: text(REGION_HEADER)
+                .filter(|region| !region.is_empty())
+                .map(str::to_string),
+            low_priority: text(PRIORITY_HEADER).is_some_and(|priority| priority.eq_ignore_ascii_case("low")),
+        }
+    }
+}
+
+/// The caller's region, for routing to the nearest replicas.
+pub const REGION_HEADER: &str = "x-fallow-region";
+/// `low`: a non-urgent request, sent to bronze replicas when the service has any.
+pub const PRIORITY_HEADER: &str = "x-fallow-priority";
+/// A replica outside the caller's region counts as this many more requests in flight: the
+/// nearest replicas take the traffic until they are this much busier than a far one.
+pub const OTHER_REGION_LOAD: u32 = 4;
+
+/// The candidate to send to: `(in flight, region matches, bronze)` of each connected, untried
+/// replica. A low-priority request goes to bronze replicas when there are any; every request
+/// prefers its own region by `OTHER_REGION_LOAD`; the first of equals wins (the caller rotates
+/// the order).
+pub fn choose(candidates: &[(u32, bool, bool)], low_priority: bool) -> Option<usize> {
+    let bronze_only = low_priority && candidates.iter().any(|(_, _, bronze)| *bronze);
+    candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, _, bronze))| !bronze_only || *bronze)
+        .min_by_key(|(index, (load, near, _))| (load.saturating_add(if *near { 0 } else { OTHER_REGION_LOAD }), *index))
+        .map(|(index, _)| index)
 }
 
 struct Tunnel {
@@ -277,14 +328,16 @@ impl Gateway {
         Arc::clone(counters.entry(lease_id).or_default())
     }
 
-    /// The replica to try next: connected, not tried yet, the fewest requests in flight.
-    fn pick(&self, endpoints: &[Endpoint], tried: &[i64]) -> Option<(Endpoint, SendRequest<Body>)> {
+    /// The replica to try next among the connected, untried ones (see `choose`), with its
+    /// tunnel.
+    fn pick(&self, endpoints: &[Endpoint], tried: &[i64], preference: &Preference) -> Option<(i64, SendRequest<Body>)> {
         let tunnels = self.tunnels.read().expect("tunnels lock");
         let turn = self.turn.fetch_add(1, Ordering::Relaxed) as usize;
         let count = endpoints.len();
-        let mut best: Option<(u32, Endpoint, &SendRequest<Body>)> = None;
+        let mut candidates = Vec::with_capacity(count);
+        let mut senders = Vec::with_capacity(count);
         for offset in 0..count {
-            let endpoint = endpoints[(turn + offset) % count];
+            let endpoint = &endpoints[(turn + offset) % count];
             if tried.contains(&endpoint.lease_id) {
                 continue;
             }
@@ -294,12 +347,16 @@ impl Gateway {
             if tunnel.sender.is_closed() {
                 continue;
             }
-            let load = self.in_flight(endpoint.lease_id);
-            if best.as_ref().is_none_or(|(least, _, _)| load < *least) {
-                best = Some((load, endpoint, &tunnel.sender));
-            }
+            let near = preference
+                .region
+                .as_deref()
+                .is_none_or(|region| region == endpoint.region);
+            candidates.push((self.in_flight(endpoint.lease_id), near, endpoint.bronze));
+            senders.push((endpoint.lease_id, &tunnel.sender));
         }
-        best.map(|(_, endpoint, sender)| (endpoint, sender.clone()))
+        let chosen = choose(&candidates, preference.low_priority)?;
+        let (lease_id, sender) = senders[chosen];
+        Some((lease_id, sender.clone()))
     }
 
     /// Sends a request to one of `endpoints` and returns its answer as it streams. A replica
@@ -309,6 +366,7 @@ impl Gateway {
     pub async fn forward(
         &self,
         endpoints: &[Endpoint],
+        preference: &Preference,
         method: Method,
         path_and_query: &str,
         headers: &HeaderMap,
@@ -320,29 +378,34 @@ impl Gateway {
             .map_err(|error: axum::http::uri::InvalidUri| Unanswered::Failed(error.to_string()))?;
         let mut tried = Vec::new();
         let mut last_error = None;
-        while tried.len() < 2 {
-            let Some((endpoint, mut sender)) = self.pick(endpoints, &tried) else {
+        // A request no replica got may go to each replica in turn; one a replica may have
+        // acted on goes to one other at most, and only when it may be repeated.
+        let mut repeated = false;
+        while tried.len() < ATTEMPTS_MAX {
+            let Some((lease_id, mut sender)) = self.pick(endpoints, &tried, preference) else {
                 break;
             };
-            tried.push(endpoint.lease_id);
+            tried.push(lease_id);
             let mut request = Request::builder()
                 .method(method.clone())
                 .uri(uri.clone())
                 .body(Body::from(body.clone()))
                 .expect("a request from parts that parsed");
             copy_end_to_end(headers, request.headers_mut());
-            request
-                .headers_mut()
-                .insert(LEASE_HEADER, HeaderValue::from(endpoint.lease_id));
-            let counter = self.counter(endpoint.lease_id);
+            request.headers_mut().insert(LEASE_HEADER, HeaderValue::from(lease_id));
+            let counter = self.counter(lease_id);
             let guard = InFlight::enter(counter);
             if let Err(error) = sender.ready().await {
-                last_error = Some(format!("replica {}: its tunnel: {error}", endpoint.lease_id));
+                last_error = Some(format!("replica {}: its tunnel: {error}", lease_id));
                 continue;
             }
             match sender.send_request(request).await {
                 Ok(response) if response.headers().contains_key(UNREACHED_HEADER) => {
-                    last_error = Some(format!("replica {}: {}", endpoint.lease_id, response.status()));
+                    last_error = Some(format!("replica {}: {}", lease_id, response.status()));
+                }
+                Ok(response) if response.headers().contains_key(FAILED_HEADER) && may_repeat && !repeated => {
+                    last_error = Some(format!("replica {}: {}", lease_id, response.status()));
+                    repeated = true;
                 }
                 Ok(response) => {
                     let (mut parts, incoming) = response.into_parts();
@@ -358,11 +421,11 @@ impl Gateway {
                                 return Ok((Response::from_parts(parts, Body::from(bytes)), tokens));
                             }
                             Err(error) => {
-                                last_error =
-                                    Some(format!("replica {}: its answer broke off: {error}", endpoint.lease_id));
-                                if !may_repeat {
+                                last_error = Some(format!("replica {}: its answer broke off: {error}", lease_id));
+                                if !may_repeat || repeated {
                                     break;
                                 }
+                                repeated = true;
                                 continue;
                             }
                         }
@@ -379,10 +442,11 @@ impl Gateway {
                     ));
                 }
                 Err(error) => {
-                    last_error = Some(format!("replica {}: {error}", endpoint.lease_id));
-                    if !may_repeat {
+                    last_error = Some(format!("replica {}: {error}", lease_id));
+                    if !may_repeat || repeated {
                         break;
                     }
+                    repeated = true;
                 }
             }
         }
@@ -432,7 +496,10 @@ fn hop_by_hop(name: &header::HeaderName) -> bool {
 fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
     for (name, value) in from {
         // The tenant's key is for the gateway, never for the provider's node.
-        if hop_by_hop(name) || name == header::AUTHORIZATION || name.as_str() == LEASE_HEADER {
+        if hop_by_hop(name)
+            || name == header::AUTHORIZATION
+            || [LEASE_HEADER, REGION_HEADER, PRIORITY_HEADER].contains(&name.as_str())
+        {
             continue;
         }
         to.append(name.clone(), value.clone());
@@ -554,12 +621,44 @@ mod tests {
     }
 
     #[test]
+    fn the_nearest_least_loaded_replica_wins_and_low_priority_goes_to_bronze() {
+        // (in flight, in the caller's region, bronze)
+        let replicas = [(3, false, false), (5, true, false), (0, false, true)];
+        assert_eq!(choose(&replicas, false), Some(2), "the idle one, far as it is");
+        let replicas = [(3, false, false), (5, true, false), (4, false, true)];
+        assert_eq!(choose(&replicas, false), Some(1), "near beats far until 4 busier");
+        let replicas = [(0, false, false), (5, true, false)];
+        assert_eq!(choose(&replicas, false), Some(0), "near but 5 busier: far");
+        let replicas = [(0, true, false), (9, false, true)];
+        assert_eq!(choose(&replicas, true), Some(1), "low priority waits on bronze");
+        assert_eq!(choose(&[(0, true, false)], true), Some(0), "no bronze: any replica");
+        assert_eq!(choose(&[], false), None);
+    }
+
+    #[test]
+    fn a_preference_is_read_from_the_callers_headers() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(Preference::of(&headers), Preference::default());
+        headers.insert(REGION_HEADER, HeaderValue::from_static("us-east"));
+        headers.insert(PRIORITY_HEADER, HeaderValue::from_static("LOW"));
+        assert_eq!(
+            Preference::of(&headers),
+            Preference {
+                region: Some("us-east".into()),
+                low_priority: true
+            }
+        );
+    }
+
+    #[test]
     fn a_service_is_cached_only_briefly() {
         let gateway = Gateway::default();
         assert_eq!(gateway.cached(1, "llm"), None);
         let endpoints = vec![Endpoint {
             lease_id: 3,
             node_id: 9,
+            region: "eu-west".into(),
+            bronze: false,
         }];
         gateway.remember(1, "llm", endpoints.clone());
         assert_eq!(gateway.cached(1, "llm").as_deref(), Some(&endpoints));

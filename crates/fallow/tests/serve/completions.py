@@ -71,5 +71,11 @@ class Handler(BaseHTTPRequestHandler):
         })
 
 
+class Server(ThreadingHTTPServer):
+    # A model server's accept queue, not the standard library's 5.
+    request_queue_size = 256
+    daemon_threads = True
+
+
 if __name__ == "__main__":
-    ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), Handler).serve_forever()
+    Server(("0.0.0.0", int(os.environ["PORT"])), Handler).serve_forever()

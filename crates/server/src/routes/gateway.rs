@@ -16,7 +16,7 @@ use store::Role;
 
 use crate::error::ApiError;
 use crate::extract::{Auth, Path, ServiceAuth, Signed};
-use crate::gateway::{Endpoint, Outcome, REQUEST_BYTES_MAX, TUNNEL_PROTOCOL, Unanswered, answer};
+use crate::gateway::{Endpoint, Outcome, Preference, REQUEST_BYTES_MAX, TUNNEL_PROTOCOL, Unanswered, answer};
 use crate::state::AppState;
 
 use super::{AppStateRef, require};
@@ -39,6 +39,15 @@ impl FromRequestParts<Arc<AppState>> for Upgrade {
                 "a tunnel is an HTTP/1.1 request with Connection: upgrade and Upgrade: {TUNNEL_PROTOCOL}"
             ))),
         }
+    }
+}
+
+fn endpoint(replica: &store::ServingLease) -> Endpoint {
+    Endpoint {
+        lease_id: replica.lease_id,
+        node_id: replica.node_id,
+        region: replica.region.clone(),
+        bronze: replica.tier == "bronze",
     }
 }
 
@@ -67,13 +76,10 @@ pub async fn show_service(
             "no service {name:?}: none of your running jobs serves it (serve.name)"
         )));
     }
-    let endpoints: Vec<Endpoint> = replicas
-        .iter()
-        .map(|&(lease_id, node_id)| Endpoint { lease_id, node_id })
-        .collect();
+    let endpoints: Vec<Endpoint> = replicas.iter().map(endpoint).collect();
     Ok(Json(ServiceView {
         replicas_ready: state.gateway.reachable(&endpoints) as u64,
-        replicas: replicas.iter().map(|(lease, _)| *lease).collect(),
+        replicas: replicas.iter().map(|replica| replica.lease_id).collect(),
         name,
         requests: stats.requests,
         errors: stats.errors,
@@ -106,14 +112,9 @@ pub async fn serve(State(state): AppStateRef, ServiceAuth(caller): ServiceAuth, 
     let endpoints = match state.gateway.cached(caller.account_id, name) {
         Some(endpoints) => endpoints,
         None => match state.store.serving_leases(caller.account_id, name).await {
-            Ok(found) => state.gateway.remember(
-                caller.account_id,
-                name,
-                found
-                    .into_iter()
-                    .map(|(lease_id, node_id)| Endpoint { lease_id, node_id })
-                    .collect(),
-            ),
+            Ok(found) => state
+                .gateway
+                .remember(caller.account_id, name, found.iter().map(endpoint).collect()),
             Err(error) => return ApiError::from(error).into_response(),
         },
     };
@@ -134,7 +135,14 @@ pub async fn serve(State(state): AppStateRef, ServiceAuth(caller): ServiceAuth, 
     };
     let forwarded = state
         .gateway
-        .forward(&endpoints, parts.method, &path_and_query, &parts.headers, body)
+        .forward(
+            &endpoints,
+            &Preference::of(&parts.headers),
+            parts.method,
+            &path_and_query,
+            &parts.headers,
+            body,
+        )
         .await;
     let (response, tokens) = match forwarded {
         Ok(answered) => answered,
