@@ -246,10 +246,7 @@ impl Gateway {
     /// Counts a request to `tenant_id`'s service `name`.
     pub fn record(&self, tenant_id: i64, name: &str, outcome: Outcome) {
         let mut stats = self.stats.lock().expect("stats lock");
-        let entry = match stats.get_mut(&(tenant_id, name.to_string())) {
-            Some(entry) => entry,
-            None => stats.entry((tenant_id, name.to_string())).or_default(),
-        };
+        let entry = stats.entry((tenant_id, name.to_string())).or_default();
         entry.requests += 1;
         entry.errors += u64::from(outcome.error);
         entry.latency[ServiceStats::bucket(outcome.micros as f64)] += 1;
@@ -289,15 +286,6 @@ impl Gateway {
     /// How many nodes have a tunnel up.
     pub fn tunnels_up(&self) -> usize {
         self.tunnels.read().expect("tunnels lock").len()
-    }
-
-    /// Whether node `node_id` has a tunnel up.
-    pub fn connected(&self, node_id: i64) -> bool {
-        self.tunnels
-            .read()
-            .expect("tunnels lock")
-            .get(&node_id)
-            .is_some_and(|tunnel| tunnel.sender.is_ready())
     }
 
     /// A service's replicas as last read from the store, while fresh.
