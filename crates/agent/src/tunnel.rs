@@ -229,8 +229,14 @@ fn unreached(status: StatusCode, message: &str) -> Answer {
 }
 
 /// Probes a serving replica until it answers its health check (any 2xx on `path`), then makes
-/// it reachable; gives up when `stop` turns true.
-pub async fn wait_ready(routes: Routes, lease_id: i64, port: u16, path: String, mut stop: watch::Receiver<bool>) {
+/// it reachable and returns true; gives up (false) when `stop` turns true.
+pub async fn wait_ready(
+    routes: Routes,
+    lease_id: i64,
+    port: u16,
+    path: String,
+    mut stop: watch::Receiver<bool>,
+) -> bool {
     let probe = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))
         .build()
@@ -241,7 +247,7 @@ pub async fn wait_ready(routes: Routes, lease_id: i64, port: u16, path: String, 
     );
     loop {
         if *stop.borrow() {
-            return;
+            return false;
         }
         if probe
             .get(&url)
@@ -251,10 +257,10 @@ pub async fn wait_ready(routes: Routes, lease_id: i64, port: u16, path: String, 
         {
             routes.ready(lease_id, port);
             tracing::info!(lease = lease_id, port, "serving replica ready");
-            return;
+            return true;
         }
         tokio::select! {
-            _ = stop.changed() => return,
+            _ = stop.changed() => return false,
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }

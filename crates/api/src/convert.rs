@@ -237,15 +237,7 @@ impl JobRequest {
             return bad(format!("gang_repair: {mode:?} is not restart or keep"));
         }
         if let Some(serve) = &self.serve {
-            let name_ok = (1..=63).contains(&serve.name.len())
-                && serve.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-                && !serve.name.starts_with('-');
-            if !name_ok {
-                return bad(format!(
-                    "serve.name: {:?} is not 1–63 letters, digits and '-' (not first)",
-                    serve.name
-                ));
-            }
+            crate::check_service_name("serve.name", &serve.name)?;
             if !serve.health_path.is_empty() && !serve.health_path.starts_with('/') {
                 return bad("serve.health_path: a path starting with '/'");
             }

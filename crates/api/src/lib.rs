@@ -9,6 +9,7 @@
 mod convert;
 mod filter;
 mod policy;
+mod service;
 
 use std::collections::BTreeMap;
 
@@ -18,6 +19,7 @@ use utoipa::ToSchema;
 pub use convert::*;
 pub use filter::*;
 pub use policy::*;
+pub use service::*;
 
 /// The largest request body the coordinator reads.
 pub const REQUEST_BODY_BYTES_MAX: usize = 256 * 1024;
@@ -165,6 +167,13 @@ pub struct ServeSpec {
     /// The HTTP path answered 2xx when the replica is ready (default `/`).
     #[serde(default)]
     pub health_path: String,
+    /// The version of its service's spec it runs (set by a deployed service; 0 otherwise).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u32,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
 }
 
 /// A gang's restarts after a replica failed, unless the job says otherwise (`max_restarts`).
@@ -318,28 +327,6 @@ pub struct OfferList {
     /// "0 of 1 nodes: 1 excluded by `region in [eu-west,eu-north]` (nodes are in us-east)".
     #[serde(default)]
     pub explanation: Option<String>,
-}
-
-/// A service as the gateway sees it: the tenant's running replicas that serve the name, how
-/// many are reachable, and what its callers got from this gateway since it started.
-#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
-pub struct ServiceView {
-    pub name: String,
-    /// Lease ids of the running replicas that serve it.
-    pub replicas: Vec<i64>,
-    /// Those whose node's tunnel to the gateway is up.
-    pub replicas_ready: u64,
-    pub requests: u64,
-    /// Answers of 5xx, and requests no replica answered.
-    pub errors: u64,
-    /// Latency to the answer, ms (none before the first request).
-    pub p50_ms: Option<f64>,
-    pub p95_ms: Option<f64>,
-    pub p99_ms: Option<f64>,
-    /// From the OpenAI-style `usage` objects of the answers.
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub tokens: u64,
 }
 
 /// A site's coordinates, as an admin sets them once (`PUT /v1/sites/{name}`): every node that

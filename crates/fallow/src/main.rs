@@ -37,7 +37,7 @@ enum Command {
     /// Tenants: search the market's offers.
     Offers(cli::offers::OffersArgs),
     /// Tenants: a service served through the gateway (requests, latency, tokens).
-    Service(cli::service::ServiceArgs),
+    Service(Box<cli::service::ServiceArgs>),
     /// Tenants: balance and usage.
     Tenant(cli::tenant::TenantArgs),
     /// Providers: nodes, their policy, their calendar and their canaries.
@@ -71,7 +71,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Job(args) => cli::job::run(*args),
         Command::Offers(args) => cli::offers::run(args),
-        Command::Service(args) => cli::service::run(args),
+        Command::Service(args) => cli::service::run(*args),
         Command::Tenant(args) => cli::tenant::run(args),
         Command::Node(args) => cli::node::run(args),
         Command::Provider(args) => cli::provider::run(args),

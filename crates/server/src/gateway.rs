@@ -12,7 +12,7 @@
 //! cache of each service's replicas, and the retry of a request no replica answered. It holds
 //! nothing that cannot be rebuilt: tunnels come back when agents reconnect, the cache refills.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -57,6 +57,18 @@ pub struct Endpoint {
     pub node_id: i64,
     pub region: String,
     pub bronze: bool,
+}
+
+impl Endpoint {
+    /// A ready replica as the store lists it.
+    pub fn of(replica: &store::ServingLease) -> Endpoint {
+        Endpoint {
+            lease_id: replica.lease_id,
+            node_id: replica.node_id,
+            region: replica.region.clone(),
+            bronze: replica.tier == "bronze",
+        }
+    }
 }
 
 /// How a request wants to be routed: from the caller's region (`x-fallow-region`), and whether
@@ -107,6 +119,8 @@ struct Tunnel {
 }
 
 type Services = HashMap<(i64, String), (Instant, Arc<Vec<Endpoint>>)>;
+/// A service's stats as sampled: (µs, stats then), oldest first.
+type Samples = VecDeque<(i64, ServiceStats)>;
 
 /// Latency buckets: each 10 % above the last, from 50 µs (the last catches everything past
 /// about 7 minutes), so a quantile read from them is within 10 %.
@@ -144,6 +158,22 @@ impl ServiceStats {
             return 0;
         }
         (((micros / LATENCY_FIRST_US).ln() / LATENCY_GROWTH.ln()).ceil() as usize).min(LATENCY_BUCKETS - 1)
+    }
+
+    /// What happened between `earlier` (a sample of the same service) and these.
+    pub fn since(&self, earlier: &ServiceStats) -> ServiceStats {
+        ServiceStats {
+            requests: self.requests.saturating_sub(earlier.requests),
+            errors: self.errors.saturating_sub(earlier.errors),
+            prompt_tokens: self.prompt_tokens.saturating_sub(earlier.prompt_tokens),
+            completion_tokens: self.completion_tokens.saturating_sub(earlier.completion_tokens),
+            latency: self
+                .latency
+                .iter()
+                .zip(&earlier.latency)
+                .map(|(now, then)| now.saturating_sub(*then))
+                .collect(),
+        }
     }
 
     /// The latency (ms) under which `quantile` of the requests were answered: the upper bound of
@@ -184,7 +214,15 @@ pub struct Gateway {
     /// Spreads ties between equally loaded replicas.
     turn: AtomicU64,
     stats: Mutex<HashMap<(i64, String), ServiceStats>>,
+    /// Each service's stats as sampled by the leader's controller (`sample`), oldest first:
+    /// the windows its autoscaler reads, and the dashboard's charts.
+    history: Mutex<HashMap<(i64, String), Samples>>,
+    /// When a request last found a service scaled to zero and asked for a replica.
+    wakes: Mutex<HashMap<(i64, String), Instant>>,
 }
+
+/// Samples of a service's stats kept, at most (one a second: ten minutes).
+pub const HISTORY_SAMPLES_MAX: usize = 600;
 
 /// Why a request could not be answered by a replica.
 #[derive(Debug, PartialEq, Eq)]
@@ -268,6 +306,68 @@ impl Gateway {
         let mut all: Vec<_> = stats.iter().map(|(key, value)| (key.clone(), value.clone())).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
+    }
+
+    /// Keeps a sample of a service's stats at `now` (µs), forgetting those past
+    /// `HISTORY_SAMPLES_MAX`.
+    pub fn sample(&self, tenant_id: i64, name: &str, now: i64) {
+        let stats = self.stats(tenant_id, name);
+        let mut history = self.history.lock().expect("history lock");
+        let samples = history.entry((tenant_id, name.to_string())).or_default();
+        samples.push_back((now, stats));
+        while samples.len() > HISTORY_SAMPLES_MAX {
+            samples.pop_front();
+        }
+    }
+
+    /// What a service's callers got over the last `span` µs before `now`, from the samples:
+    /// the seconds the window really covers and the stats in it; None without two samples.
+    pub fn window(&self, tenant_id: i64, name: &str, now: i64, span: i64) -> Option<(f64, ServiceStats)> {
+        let history = self.history.lock().expect("history lock");
+        let samples = history.get(&(tenant_id, name.to_string()))?;
+        let (last_at, last) = samples.back()?;
+        let (first_at, first) = samples.iter().find(|(at, _)| *at >= now - span)?;
+        (last_at > first_at).then(|| ((last_at - first_at) as f64 / 1e6, last.since(first)))
+    }
+
+    /// A service's samples, oldest first: (µs, stats then).
+    pub fn history(&self, tenant_id: i64, name: &str) -> Vec<(i64, ServiceStats)> {
+        let history = self.history.lock().expect("history lock");
+        history
+            .get(&(tenant_id, name.to_string()))
+            .map(|samples| samples.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Forgets what is kept of a service (it was deleted).
+    pub fn forget(&self, tenant_id: i64, name: &str) {
+        let key = (tenant_id, name.to_string());
+        self.history.lock().expect("history lock").remove(&key);
+        self.stats.lock().expect("stats lock").remove(&key);
+        self.services.lock().expect("services lock").remove(&key);
+        self.wakes.lock().expect("wakes lock").remove(&key);
+    }
+
+    /// A request found the service with no replica and waits for one.
+    pub fn wake(&self, tenant_id: i64, name: &str) {
+        let mut wakes = self.wakes.lock().expect("wakes lock");
+        wakes.insert((tenant_id, name.to_string()), Instant::now());
+    }
+
+    /// Whether a request asked for a replica of the service within `within`.
+    pub fn woken_within(&self, tenant_id: i64, name: &str, within: Duration) -> bool {
+        let wakes = self.wakes.lock().expect("wakes lock");
+        wakes
+            .get(&(tenant_id, name.to_string()))
+            .is_some_and(|at| at.elapsed() < within)
+    }
+
+    /// Forgets the cached replicas of a service, so the next request reads the store.
+    pub fn invalidate(&self, tenant_id: i64, name: &str) {
+        self.services
+            .lock()
+            .expect("services lock")
+            .remove(&(tenant_id, name.to_string()));
     }
 
     /// How many of `endpoints` are reachable: their node's tunnel is up.

@@ -25,6 +25,7 @@ pub mod reconcile;
 mod rendezvous;
 mod reputation;
 mod routes;
+mod services;
 mod state;
 mod usage;
 mod wire;
@@ -74,7 +75,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/nodes/{id}", get(routes::show_node))
         .route("/v1/nodes/{id}/policy", put(routes::set_policy))
         .route("/v1/agent/tunnel", post(routes::agent_tunnel))
-        .route("/v1/services/{name}", get(routes::show_service))
+        .route("/v1/services", post(routes::deploy_service).get(routes::list_services))
+        .route(
+            "/v1/services/{name}",
+            get(routes::show_service)
+                .put(routes::update_service)
+                .delete(routes::delete_service),
+        )
+        .route("/v1/services/{name}/scale", post(routes::scale_service))
+        .route("/v1/services/{name}/logs", get(routes::service_logs))
         .route("/s/{service}", any(routes::serve))
         .route("/s/{service}/{*path}", any(routes::serve))
         .route("/v1/sites", get(routes::list_sites))

@@ -98,6 +98,7 @@ pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receive
     let mut guard = None;
     let mut cursor = Cursor::default();
     let mut reasons: HashMap<i64, String> = HashMap::new();
+    let mut services = crate::services::Memory::default();
     loop {
         if *shutdown.borrow() {
             return;
@@ -108,6 +109,7 @@ pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receive
                     Ok(led) => {
                         cursor = led;
                         reasons.clear();
+                        services = crate::services::Memory::default();
                         guard = Some(held);
                     }
                     Err(error) => {
@@ -122,7 +124,11 @@ pub async fn run(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receive
         }
         if let Some(held) = guard.as_mut() {
             if held.still_held().await {
-                match pass(&state, &mut cursor, &mut reasons).await {
+                let passed = match pass(&state, &mut cursor, &mut reasons).await {
+                    Ok(()) => crate::services::tend(&state, &mut services, state.now_us()).await,
+                    Err(error) => Err(error),
+                };
+                match passed {
                     Ok(()) => {}
                     Err(ApiError::Unavailable(message)) if message.contains("fenced") => {
                         tracing::warn!(%message, "another replica leads now; following");

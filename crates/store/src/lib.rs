@@ -21,6 +21,7 @@ pub use ledger::LedgerOutcome;
 /// The lease states are the model's: one enum from the matcher to the database.
 pub use model::LeaseState;
 pub use rows::*;
+pub use services::{ServiceRecord, ServiceReplica};
 pub use serving::ServingLease;
 pub use sites::SiteRecord;
 pub use trust::{CanaryRow, FraudRow, NewCanary};
@@ -284,6 +285,7 @@ mod jobs;
 mod ledger;
 mod nodes;
 mod records;
+mod services;
 mod serving;
 mod sites;
 mod trust;

@@ -17,15 +17,15 @@ pub struct ServingLease {
 }
 
 impl Store {
-    /// The running replicas of `tenant_id`'s running jobs that serve `name`,
-    /// by lease id. `name` is letters, digits and `-` (the API checks it), and a job's spec is
-    /// the API's own serialisation of its request, so the spec's text names it exactly so.
+    /// The ready replicas of `tenant_id`'s running jobs that serve `name`, by lease id: running,
+    /// their health check answered once (`ready_at`), and not draining before a preemption.
     pub async fn serving_leases(&self, tenant_id: i64, name: &str) -> Result<Vec<ServingLease>> {
-        let pattern = format!("%\"serve\":{{\"name\":\"{name}\",%");
+        let pattern = crate::services::serving_pattern(name);
         let rows = sqlx::query(
             "SELECT l.id, l.node_id, n.region, j.tier FROM leases l JOIN jobs j ON j.id = l.job_id \
              JOIN nodes n ON n.id = l.node_id \
-             WHERE j.tenant_id = $1 AND j.state = 'running' AND l.state = 'running' AND j.spec LIKE $2 \
+             WHERE j.tenant_id = $1 AND j.state = 'running' AND l.state = 'running' AND l.ready_at IS NOT NULL \
+             AND l.preempt_at IS NULL AND j.spec LIKE $2 \
              ORDER BY l.id",
         )
         .bind(tenant_id)

@@ -4,6 +4,7 @@
 //! so for a frozen agent), and attesting each replica's end, never a preempted one's.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use api::{AgentLease, LeaseEventRequest};
@@ -236,13 +237,24 @@ impl<E: Executor> Agent<E> {
         if self.runs.contains_key(&id) {
             let (stop, stopped) = tokio::sync::watch::channel(false);
             self.probes.insert(id, stop);
-            tokio::spawn(crate::tunnel::wait_ready(
-                self.serving.clone(),
-                id,
-                port,
-                serve.health_path,
-                stopped,
-            ));
+            // Once ready it is reported, so the coordinator routes to it and its service
+            // counts it healthy (a replica never ready is replaced by the service).
+            let (client, key, node_id) = (Arc::clone(&self.client), Arc::clone(&self.key), self.node_id);
+            let event = LeaseEventRequest {
+                epoch: lease.lease.epoch,
+                state: "ready".to_string(),
+                exit_code: None,
+                detail: String::new(),
+                port: Some(port),
+            };
+            let routes = self.serving.clone();
+            tokio::spawn(async move {
+                if crate::tunnel::wait_ready(routes, id, port, serve.health_path, stopped).await
+                    && let Err(error) = client.event(&key, node_id, id, &event).await
+                {
+                    tracing::warn!(lease = id, %error, "could not report the replica ready");
+                }
+            });
         }
     }
 

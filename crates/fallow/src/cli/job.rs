@@ -89,7 +89,7 @@ struct LogsArgs {
 /// A job as flags describe it; everything the API's JobRequest holds.
 #[derive(Args)]
 #[command(group(ArgGroup::new("gpu_demand").args(["gpus", "gpu_share", "cu"])))]
-struct SpecArgs {
+pub(super) struct SpecArgs {
     /// A job file: the API's JobRequest as JSON (`-` reads stdin). Flags override its fields.
     #[arg(long, short = 'f', value_name = "FILE")]
     file: Option<PathBuf>,
@@ -620,10 +620,27 @@ impl SpecArgs {
     /// The JobRequest body: the job file's fields, then the flags over them. `for_quote` fills
     /// in an image when none is given, since a quote does not depend on it.
     fn request(&self, for_quote: bool) -> anyhow::Result<Map<String, Value>> {
-        let mut body = match &self.file {
+        let body = match &self.file {
             Some(path) => read_job_file(path)?,
             None => Map::new(),
         };
+        self.over(body, for_quote)
+    }
+
+    /// The job file's fields when one is given, else `base`, with the flags over them.
+    pub(super) fn request_over(&self, base: Map<String, Value>) -> anyhow::Result<Map<String, Value>> {
+        match &self.file {
+            Some(_) => self.request(false),
+            None => self.over(base, false),
+        }
+    }
+
+    /// The job's name as flags give it.
+    pub(super) fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    fn over(&self, mut body: Map<String, Value>, for_quote: bool) -> anyhow::Result<Map<String, Value>> {
         let mut set = |key: &str, value: Value| {
             body.insert(key.to_string(), value);
         };

@@ -229,6 +229,9 @@ pub async fn lease_event(
     if event.state == "staged" {
         return lease_staged(&state, &lease, event).await;
     }
+    if event.state == "ready" {
+        return lease_ready(&state, &lease, event).await;
+    }
     let to = match event.state.as_str() {
         "staging" => LeaseState::Staging,
         "running" => LeaseState::Running,
@@ -236,7 +239,7 @@ pub async fn lease_event(
         "failed" => LeaseState::Failed,
         other => {
             return Err(ApiError::BadRequest(format!(
-                "state: {other:?} is not staging, staged, running, finished or failed"
+                "state: {other:?} is not staging, staged, running, ready, finished or failed"
             )));
         }
     };
@@ -283,6 +286,27 @@ pub async fn lease_event(
         .await?
         .ok_or_else(|| ApiError::NotFound("lease".into()))?;
     Ok(Json(lease_view(&lease)))
+}
+
+/// A serving replica's health check answered: the gateway routes to it from now on, and its
+/// service counts it healthy.
+async fn lease_ready(
+    state: &AppState,
+    lease: &store::LeaseRecord,
+    event: &LeaseEventRequest,
+) -> ApiResult<Json<LeaseView>> {
+    let now = state.now_us();
+    if !state.store.set_lease_ready(lease.id, event.epoch, now).await? {
+        return Err(ApiError::Conflict(format!(
+            "lease {} is not live at epoch {} (now epoch {}, {}): stop it",
+            lease.id, event.epoch, lease.epoch, lease.state
+        )));
+    }
+    state
+        .store
+        .append_lease_event(lease.id, event.epoch, "ready", "its health check answered", now)
+        .await?;
+    Ok(Json(lease_view(lease)))
 }
 
 /// A gang replica staged (datasets there, image present) with the port its agent reserved: once

@@ -3,8 +3,6 @@
 //! bearer token), whose requests go to the service's ready replicas through their nodes'
 //! tunnels (`crate::gateway`).
 
-use api::ServiceView;
-use axum::Json;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
@@ -15,11 +13,11 @@ use std::sync::Arc;
 use store::Role;
 
 use crate::error::ApiError;
-use crate::extract::{Auth, Path, ServiceAuth, Signed};
+use crate::extract::{ServiceAuth, Signed};
 use crate::gateway::{Endpoint, Outcome, Preference, REQUEST_BYTES_MAX, TUNNEL_PROTOCOL, Unanswered, answer};
 use crate::state::AppState;
 
-use super::{AppStateRef, require};
+use super::AppStateRef;
 
 /// The connection upgrade a tunnel request asks for.
 pub struct Upgrade(hyper::upgrade::OnUpgrade);
@@ -42,15 +40,6 @@ impl FromRequestParts<Arc<AppState>> for Upgrade {
     }
 }
 
-fn endpoint(replica: &store::ServingLease) -> Endpoint {
-    Endpoint {
-        lease_id: replica.lease_id,
-        node_id: replica.node_id,
-        region: replica.region.clone(),
-        bronze: replica.tier == "bronze",
-    }
-}
-
 /// An agent's tunnel: once the 101 answer is sent, the connection is the gateway's HTTP/2
 /// client to the agent.
 pub async fn agent_tunnel(State(state): AppStateRef, Upgrade(upgrade): Upgrade, signed: Signed<Value>) -> Response {
@@ -62,34 +51,65 @@ pub async fn agent_tunnel(State(state): AppStateRef, Upgrade(upgrade): Upgrade, 
     response
 }
 
-/// A service's replicas and its callers' requests, errors, latency and tokens at this gateway.
-pub async fn show_service(
-    State(state): AppStateRef,
-    Auth(caller): Auth,
-    Path(name): Path<String>,
-) -> Result<Json<ServiceView>, ApiError> {
-    require(&caller, &[Role::Tenant])?;
-    let replicas = state.store.serving_leases(caller.account_id, &name).await?;
-    let stats = state.gateway.stats(caller.account_id, &name);
-    if replicas.is_empty() && stats.requests == 0 {
-        return Err(ApiError::NotFound(format!(
-            "no service {name:?}: none of your running jobs serves it (serve.name)"
-        )));
+/// A service's ready replicas: from the gateway's cache while fresh, else from the store.
+async fn ready_replicas(state: &AppState, tenant: i64, name: &str) -> Result<Arc<Vec<Endpoint>>, ApiError> {
+    if let Some(endpoints) = state.gateway.cached(tenant, name) {
+        return Ok(endpoints);
     }
-    let endpoints: Vec<Endpoint> = replicas.iter().map(endpoint).collect();
-    Ok(Json(ServiceView {
-        replicas_ready: state.gateway.reachable(&endpoints) as u64,
-        replicas: replicas.iter().map(|replica| replica.lease_id).collect(),
-        name,
-        requests: stats.requests,
-        errors: stats.errors,
-        p50_ms: stats.quantile_ms(0.50),
-        p95_ms: stats.quantile_ms(0.95),
-        p99_ms: stats.quantile_ms(0.99),
-        prompt_tokens: stats.prompt_tokens,
-        completion_tokens: stats.completion_tokens,
-        tokens: stats.prompt_tokens + stats.completion_tokens,
-    }))
+    let found = state.store.serving_leases(tenant, name).await?;
+    Ok(state
+        .gateway
+        .remember(tenant, name, found.iter().map(Endpoint::of).collect()))
+}
+
+/// How often a request waiting for a service's first replica looks again.
+const WAKE_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// A request found no ready replica. A deployed service's request waits for one (asking for
+/// one when it is scaled to zero) up to its `wake_timeout_s`, then gets a 503 saying so; a name
+/// no deployed service or running job serves is a 404.
+async fn wait_for_replica(
+    state: &AppState,
+    tenant: i64,
+    name: &str,
+) -> Result<Result<Arc<Vec<Endpoint>>, Response>, ApiError> {
+    let Some(record) = state.store.service(tenant, name).await? else {
+        return Ok(Err(answer(
+            StatusCode::NOT_FOUND,
+            &format!("no service {name:?}: none is deployed by that name and none of your running jobs serves it"),
+        )));
+    };
+    let request: api::ServiceRequest = serde_json::from_str(&record.spec)
+        .map_err(|error| ApiError::Internal(format!("a stored service spec: {error}")))?;
+    state.gateway.wake(tenant, name);
+    if record.desired == 0 {
+        state
+            .store
+            .set_service_desired(record.id, 1, &record.status, state.now_us())
+            .await?;
+        state.wake.notify_one();
+        tracing::info!(service = name, "woken by a request");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(u64::from(request.wake_timeout_s));
+    while std::time::Instant::now() < deadline {
+        tokio::time::sleep(WAKE_POLL).await;
+        let endpoints = ready_replicas(state, tenant, name).await?;
+        if !endpoints.is_empty() {
+            return Ok(Ok(endpoints));
+        }
+    }
+    let status = if record.status.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", record.status)
+    };
+    Ok(Err(answer(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!(
+            "no replica of {name:?} became ready within {} s{status}: `fallow service show {name}` says why",
+            request.wake_timeout_s
+        ),
+    )))
 }
 
 /// A request for a service: `/s/{service}/PATH?QUERY` goes to `/PATH?QUERY` on one of the
@@ -109,21 +129,31 @@ pub async fn serve(State(state): AppStateRef, ServiceAuth(caller): ServiceAuth, 
         Some(query) => format!("{path}?{query}"),
         None => path.to_string(),
     };
-    let endpoints = match state.gateway.cached(caller.account_id, name) {
-        Some(endpoints) => endpoints,
-        None => match state.store.serving_leases(caller.account_id, name).await {
-            Ok(found) => state
-                .gateway
-                .remember(caller.account_id, name, found.iter().map(endpoint).collect()),
-            Err(error) => return ApiError::from(error).into_response(),
-        },
+    let endpoints = match ready_replicas(&state, caller.account_id, name).await {
+        Ok(endpoints) => endpoints,
+        Err(error) => return error.into_response(),
     };
-    if endpoints.is_empty() {
-        return answer(
-            StatusCode::NOT_FOUND,
-            &format!("no running replica serves {name:?} for you: `fallow job list` shows your jobs"),
-        );
-    }
+    let endpoints = if endpoints.is_empty() {
+        match wait_for_replica(&state, caller.account_id, name).await {
+            Ok(Ok(endpoints)) => endpoints,
+            Ok(Err(response)) if response.status() == StatusCode::NOT_FOUND => return response,
+            Ok(Err(response)) => {
+                state.gateway.record(
+                    caller.account_id,
+                    name,
+                    Outcome {
+                        error: true,
+                        micros: started.elapsed().as_micros() as u64,
+                        tokens: None,
+                    },
+                );
+                return response;
+            }
+            Err(error) => return error.into_response(),
+        }
+    } else {
+        endpoints
+    };
     let body = match axum::body::to_bytes(Body::new(body), REQUEST_BYTES_MAX).await {
         Ok(body) => body,
         Err(_) => {

@@ -13,6 +13,7 @@ mod metrics;
 mod nodes;
 mod offers;
 mod records;
+mod services;
 mod trust;
 
 pub(crate) use admin::{
@@ -20,13 +21,16 @@ pub(crate) use admin::{
 };
 pub(crate) use agent::{heartbeat, lease_event, lease_log, lease_progress, poll_leases, rotate_node_key};
 pub(crate) use billing::{balance, invoice, own_balance, statement};
-pub(crate) use gateway::{agent_tunnel, serve, show_service};
+pub(crate) use gateway::{agent_tunnel, serve};
 pub(crate) use jobs::{cancel_job, job_logs, job_logs_page, jobs_page, list_jobs, quote_job, show_job, submit_job};
 pub(crate) use market::{health, market, market_index};
 pub(crate) use metrics::metrics;
 pub(crate) use nodes::{earnings, list_nodes, list_sites, register_node, set_policy, set_site, show_node};
 pub(crate) use offers::search_offers;
 pub(crate) use records::{attest, report_usage};
+pub(crate) use services::{
+    delete_service, deploy_service, list_services, scale_service, service_logs, show_service, update_service,
+};
 pub(crate) use trust::{admin_bond, canary_result, frauds, node_canaries, post_bond, trust, trust_view, verify_node};
 
 use std::sync::Arc;
