@@ -1,11 +1,14 @@
 //! Serving through the gateway, with the real `fallow` binary: a coordinator and agents with
 //! simulated GPUs on this host, each agent holding its tunnel to the gateway (no inbound port).
-//! Two replicas of a small model server (Python's standard library, `tests/serve/completions.py`)
-//! answer OpenAI-style completions at `/s/llm/…` with the tenant's key; requests spread over
-//! both; a stream passes through as it comes; a caller without the key gets 401 and a service
-//! that does not exist 404. One agent is SIGKILLed under load: no request fails (the gateway
-//! sends what its tunnel lost to the other replica), and the lost replica is placed again on a
-//! spare node and serves. Without `/usr/bin/python3` the test prints SKIPPED; with
+//! A service deployed with the CLI runs two replicas of a small model server (Python's standard
+//! library, `tests/serve/completions.py`) answering OpenAI-style completions at `/s/llm/…` with
+//! the tenant's key; requests spread over both; a stream passes through as it comes; a caller
+//! without the key gets 401, a service that does not exist 404, a body too large 413. One agent
+//! is SIGKILLed under 5,000 requests: none fails (the gateway sends what its tunnel lost to the
+//! other replica), the service's counts match the callers', and the lost replica is placed again
+//! on a spare node and serves. A second service scales up under load past its target and back
+//! down after, to zero when idle, wakes on a request, and keeps serving from its old version
+//! when a roll-out's new version cannot start. Without `/usr/bin/python3` the test prints SKIPPED; with
 //! `FALLOW_CI_REQUIRE_SERVICES=1` it fails instead.
 
 mod common;
@@ -21,28 +24,72 @@ use common::world::{AgentProcess, PYTHON, World, skip};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-fn serving_job() -> Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve/completions.py");
-    json!({
-        "name": "llm",
-        "image": PYTHON,
-        "command": [script.display().to_string()],
-        "runtime": "process",
-        "gpus": 1,
-        "tier": "silver",
-        "max_price_per_gpu_hour": "5.00",
-        "max_runtime_s": 3600,
-        "serve": {"name": "llm", "health_path": "/health"},
-    })
+fn script() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/serve/completions.py")
+        .display()
+        .to_string()
+}
+
+/// Runs the `fallow` CLI as the tenant; its stdout, failing the test when it fails.
+fn fallow(world: &World, args: &[&str]) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_fallow"))
+        .args(args)
+        .env("FALLOW_URL", &world.server.url)
+        .env("FALLOW_API_KEY", &world.tenant_key)
+        .output()
+        .expect("run fallow");
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        output.status.success(),
+        "fallow {args:?}: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// Deploys the model server as service `name` with the CLI: one GPU per replica, silver, and
+/// the service's own flags (`extra`).
+fn deploy(world: &World, name: &str, extra: &[&str]) {
+    let script = script();
+    let mut args = vec![
+        "service",
+        "deploy",
+        "--name",
+        name,
+        "--process",
+        "--gpus",
+        "1",
+        "--tier",
+        "silver",
+        "--max-price",
+        "5.00",
+        "--health-path",
+        "/health",
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", PYTHON, &script]);
+    fallow(world, &args);
 }
 
 /// One completion through the gateway: its status and answer.
 async fn complete(world: &World, key: Option<&str>, service: &str, prompt: &str) -> (StatusCode, Value) {
+    complete_after(world, key, service, prompt, 0).await
+}
+
+/// A completion the replica takes `delay_ms` to answer.
+async fn complete_after(
+    world: &World,
+    key: Option<&str>,
+    service: &str,
+    prompt: &str,
+    delay_ms: u64,
+) -> (StatusCode, Value) {
     let mut request = world
         .http
         .post(format!("{}/s/{service}/v1/completions", world.server.url))
         .header("x-fallow-retry", "1")
-        .json(&json!({"prompt": prompt, "max_tokens": 4}));
+        .json(&json!({"prompt": prompt, "max_tokens": 4, "delay_ms": delay_ms}));
     if let Some(key) = key {
         request = request.bearer_auth(key);
     }
@@ -62,16 +109,20 @@ async fn complete(world: &World, key: Option<&str>, service: &str, prompt: &str)
 }
 
 /// The replicas (lease ids) that answered `tries` completions.
-async fn answering(world: &World, tries: usize) -> BTreeSet<String> {
+async fn answering(world: &World, service: &str, tries: usize) -> BTreeSet<String> {
     let mut replicas = BTreeSet::new();
     for index in 0..tries {
-        let (status, body) = complete(world, Some(&world.tenant_key), "llm", &format!("hello {index}")).await;
+        let (status, body) = complete(world, Some(&world.tenant_key), service, &format!("hello {index}")).await;
         if status == StatusCode::OK {
             replicas.insert(body["replica"].as_str().unwrap_or("?").to_string());
         }
     }
     replicas
 }
+
+/// 5,000 requests from 10 callers.
+const CALLERS: usize = 10;
+const PER_CALLER: usize = 500;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_service_answers_through_the_gateway_and_survives_a_lost_node() {
@@ -83,7 +134,7 @@ async fn a_service_answers_through_the_gateway_and_survives_a_lost_node() {
     let mut first = world.agent("serve-a", "process", "1.00", None);
     let second = world.agent("serve-b", "process", "1.00", None);
     world.nodes_online(2).await;
-    let jobs = [world.submit(serving_job()).await, world.submit(serving_job()).await];
+    deploy(&world, "llm", &["--min-replicas", "2"]);
     let agents: Vec<&AgentProcess> = vec![&first, &second];
     let logs = |agents: &[&AgentProcess]| {
         agents
@@ -94,7 +145,7 @@ async fn a_service_answers_through_the_gateway_and_survives_a_lost_node() {
     };
     let mut both = BTreeSet::new();
     for _ in 0..180 {
-        both = answering(&world, 8).await;
+        both = answering(&world, "llm", 8).await;
         if both.len() == 2 {
             break;
         }
@@ -115,6 +166,15 @@ async fn a_service_answers_through_the_gateway_and_survives_a_lost_node() {
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     let (status, body) = complete(&world, Some(&world.provider_key), "llm", "hi").await;
     assert_eq!(status, StatusCode::FORBIDDEN, "a provider's key: {body}");
+    let too_large = world
+        .http
+        .post(format!("{}/s/llm/v1/completions", world.server.url))
+        .bearer_auth(&world.tenant_key)
+        .body(vec![b' '; (16 << 20) + 1])
+        .send()
+        .await
+        .expect("an answer to a request too large");
+    assert_eq!(too_large.status(), StatusCode::PAYLOAD_TOO_LARGE);
 
     // A stream passes through event by event.
     let stream = world
@@ -137,10 +197,10 @@ async fn a_service_answers_through_the_gateway_and_survives_a_lost_node() {
     let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
     let tokens = Arc::new(AtomicUsize::new(0));
     let mut callers = Vec::new();
-    for caller in 0..8 {
+    for caller in 0..CALLERS {
         let (world, done, failures, tokens) = (world.clone(), done.clone(), failures.clone(), tokens.clone());
         callers.push(tokio::spawn(async move {
-            for index in 0..100 {
+            for index in 0..PER_CALLER {
                 let (status, body) = complete(
                     &world,
                     Some(&world.tenant_key),
@@ -160,7 +220,7 @@ async fn a_service_answers_through_the_gateway_and_survives_a_lost_node() {
             }
         }));
     }
-    while done.load(Ordering::Relaxed) < 200 {
+    while done.load(Ordering::Relaxed) < CALLERS * PER_CALLER / 4 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     first.kill();
@@ -170,30 +230,25 @@ async fn a_service_answers_through_the_gateway_and_survives_a_lost_node() {
     let failures = failures.lock().unwrap().clone();
     assert!(
         failures.is_empty(),
-        "{} of 800 requests failed after a node was lost: {:?}\n{}",
+        "{} of {} requests failed after a node was lost: {:?}\n{}",
         failures.len(),
+        CALLERS * PER_CALLER,
         &failures[..failures.len().min(5)],
         world.server.log_tail()
     );
     // Each prompt is 4 words and each completion 4 tokens.
-    assert_eq!(tokens.load(Ordering::Relaxed), 800 * 8);
+    assert_eq!(tokens.load(Ordering::Relaxed), CALLERS * PER_CALLER * 8);
     // The gateway counted what the callers did.
     let after_load = world.get("/v1/services/llm").await;
     let delta = |field: &str| after_load[field].as_u64().unwrap_or(0) - before[field].as_u64().unwrap_or(0);
     assert_eq!(
         (delta("requests"), delta("errors"), delta("tokens")),
-        (800, 0, tokens.load(Ordering::Relaxed) as u64),
+        ((CALLERS * PER_CALLER) as u64, 0, tokens.load(Ordering::Relaxed) as u64),
         "{after_load}"
     );
-    let shown = std::process::Command::new(env!("CARGO_BIN_EXE_fallow"))
-        .args(["service", "show", "llm"])
-        .env("FALLOW_URL", &world.server.url)
-        .env("FALLOW_API_KEY", &world.tenant_key)
-        .output()
-        .expect("run fallow service show");
-    let text = String::from_utf8_lossy(&shown.stdout);
+    let text = fallow(&world, &["service", "show", "llm"]);
     assert!(
-        shown.status.success() && text.contains("reachable") && text.contains("p95"),
+        text.contains("reachable") && text.contains("p95") && text.contains("per 1M tokens"),
         "{text}"
     );
     let p95 = after_load["p95_ms"]
@@ -209,14 +264,183 @@ async fn a_service_answers_through_the_gateway_and_survives_a_lost_node() {
         Duration::from_secs(120),
         "two replicas serve again, one of them new",
         || async {
-            let replicas = answering(&world, 8).await;
+            let replicas = answering(&world, "llm", 8).await;
             (replicas.len() == 2 && replicas != both).then_some(replicas)
         },
     )
     .await;
     assert_eq!(after.len(), 2, "{}", logs(&[&second, &spare]));
-    for job in jobs {
-        let view = world.get(&format!("/v1/jobs/{job}")).await;
-        assert_ne!(view["state"], "failed", "{view}");
+    // Every replica the service ran was one of its jobs, none failed.
+    let view = world.get("/v1/services/llm").await;
+    assert_eq!(view["deployed"]["status"], "", "{view}");
+    assert!(
+        view["cost_micros"].as_i64().unwrap_or(0) > 0,
+        "the replicas' GPU time is billed: {view}"
+    );
+}
+
+/// The service's view, by the API.
+async fn service(world: &World, name: &str) -> Value {
+    world.get(&format!("/v1/services/{name}")).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_service_scales_with_its_load_to_zero_and_back_and_survives_a_bad_roll_out() {
+    if !Path::new(PYTHON).exists() {
+        skip("a_service_scales_with_its_load", &format!("{PYTHON} is missing"));
+        return;
     }
+    let world = World::new("fallow_e2e_autoscale").await;
+    let agents = [
+        world.agent("auto-a", "process", "1.00", None),
+        world.agent("auto-b", "process", "1.00", None),
+        world.agent("auto-c", "process", "1.00", None),
+    ];
+    world.nodes_online(3).await;
+    let logs = || {
+        let mut text: Vec<String> = agents.iter().map(AgentProcess::log_tail).collect();
+        text.push(world.server.log_tail());
+        text.join("\n")
+    };
+    deploy(
+        &world,
+        "auto",
+        &[
+            "--min-replicas",
+            "0",
+            "--max-replicas",
+            "2",
+            "--target-in-flight",
+            "2",
+            "--scale-up-after",
+            "2",
+            "--scale-down-after",
+            "4",
+            "--wake-timeout",
+            "120",
+        ],
+    );
+    // Idle from the start: to zero.
+    eventually(
+        Duration::from_secs(120),
+        "the idle service at zero replicas",
+        || async {
+            let view = service(&world, "auto").await;
+            (view["deployed"]["desired_replicas"] == 0 && view["replica_states"].as_array().is_some_and(Vec::is_empty))
+                .then_some(())
+        },
+    )
+    .await;
+    // A request wakes it: it waits for a replica and is answered.
+    let (status, body) = complete(&world, Some(&world.tenant_key), "auto", "wake up").await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the first request waits for a replica: {body}\n{}",
+        logs()
+    );
+
+    // Load past the target: 8 callers, each request 300 ms, on one replica (target 2 in flight).
+    let world = Arc::new(world);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let mut callers = Vec::new();
+    for caller in 0..8 {
+        let (world, stop, failures) = (world.clone(), stop.clone(), failures.clone());
+        callers.push(tokio::spawn(async move {
+            let mut index = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let prompt = format!("caller {caller} asks {index}");
+                let (status, _) = complete_after(&world, Some(&world.tenant_key), "auto", &prompt, 300).await;
+                if status != StatusCode::OK {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                }
+                index += 1;
+            }
+        }));
+    }
+    let scaled = eventually(Duration::from_secs(120), "two ready replicas under load", || async {
+        let view = service(&world, "auto").await;
+        (view["replicas"].as_array().map(Vec::len) == Some(2)).then_some(view)
+    })
+    .await;
+    assert_eq!(scaled["deployed"]["desired_replicas"], 2, "{scaled}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let busy = service(&world, "auto").await;
+    let serving: Vec<u64> = busy["replica_states"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|replica| replica["in_flight"].as_u64())
+        .collect();
+    assert!(
+        serving.iter().filter(|count| **count > 0).count() == 2,
+        "both replicas take the load: {busy}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    for caller in callers {
+        caller.await.expect("a caller ends");
+    }
+    assert_eq!(
+        failures.load(Ordering::Relaxed),
+        0,
+        "no request failed while scaling up"
+    );
+    // Back down after the load, to zero once idle.
+    eventually(Duration::from_secs(120), "scaled back down to zero", || async {
+        let view = service(&world, "auto").await;
+        (view["deployed"]["desired_replicas"] == 0 && view["replica_states"].as_array().is_some_and(Vec::is_empty))
+            .then_some(())
+    })
+    .await;
+
+    // A roll-out whose new version cannot start stops; the old version serves throughout.
+    fallow(
+        &world,
+        &["service", "scale", "auto", "--min-replicas", "1", "--max-replicas", "2"],
+    );
+    let first = eventually(Duration::from_secs(120), "one ready replica", || async {
+        let view = service(&world, "auto").await;
+        (view["replicas"].as_array().map(Vec::len) == Some(1)).then_some(view)
+    })
+    .await;
+    let old_job = first["replica_states"][0]["job_id"].clone();
+    fallow(
+        &world,
+        &[
+            "service",
+            "update",
+            "--name",
+            "auto",
+            "--process",
+            "--",
+            PYTHON,
+            "-c",
+            "import sys; sys.exit(3)",
+        ],
+    );
+    let halted = eventually(
+        Duration::from_secs(180),
+        "the roll-out of version 2 to stop",
+        || async {
+            let (status, body) = complete(&world, Some(&world.tenant_key), "auto", "still there").await;
+            assert_eq!(
+                status,
+                StatusCode::OK,
+                "the old version serves during the roll-out: {body}"
+            );
+            let view = service(&world, "auto").await;
+            let status = view["deployed"]["status"].as_str().unwrap_or("").to_string();
+            status.starts_with("roll-out of version 2 stopped").then_some(view)
+        },
+    )
+    .await;
+    assert_eq!(halted["deployed"]["stable_version"], 1, "{halted}");
+    assert_eq!(halted["replica_states"][0]["job_id"], old_job, "{halted}");
+    assert_eq!(halted["replica_states"].as_array().map(Vec::len), Some(1), "{halted}");
+    let shown = fallow(&world, &["service", "show", "auto"]);
+    assert!(shown.contains("roll-out of version 2 stopped"), "{shown}");
+    fallow(&world, &["service", "delete", "auto"]);
+    let (status, _) = complete(&world, Some(&world.tenant_key), "auto", "gone").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }

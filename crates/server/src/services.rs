@@ -237,7 +237,9 @@ async fn tend_one(
                 _ => target.replica.tier.clone(),
             };
             on_base += usize::from(tier == target.replica.tier);
-            submit_replica(state, service, target, target_version, &tier, now).await?;
+            let job_id = submit_replica(state, service, target, target_version, &tier, now).await?;
+            // Seen from its submission: one that fails before the next pass still counts.
+            memory.seen.insert(job_id, (target_version, false));
         }
     }
     // A roll-out retires an old replica for each new one ready.
@@ -398,7 +400,7 @@ fn autoscale(
     desired
 }
 
-/// Submits one replica of `request` at `version` on `tier`.
+/// Submits one replica of `request` at `version` on `tier`; its job's id.
 async fn submit_replica(
     state: &AppState,
     service: &ServiceRecord,
@@ -406,7 +408,7 @@ async fn submit_replica(
     version: u32,
     tier: &str,
     now: i64,
-) -> Result<(), ApiError> {
+) -> Result<i64, ApiError> {
     let job = request.replica_job(version, Some(tier));
     let spec = serde_json::to_string(&job).map_err(|error| ApiError::Internal(error.to_string()))?;
     let record = state
@@ -421,7 +423,7 @@ async fn submit_replica(
         .await?;
     tracing::info!(service = %service.name, job = record.id, version, tier, "replica submitted");
     state.wake.notify_one();
-    Ok(())
+    Ok(record.id)
 }
 
 /// Ends a replica's job on purpose; true when it was live.

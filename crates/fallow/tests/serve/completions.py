@@ -3,7 +3,8 @@
 Listens on $PORT (the agent's choice). GET /health answers 200 once it is up; POST
 /v1/completions answers an OpenAI-style completion whose text is a seeded function of the
 prompt, with a `usage` object (prompt and completion tokens: whitespace words), and names the
-replica that answered (its lease) in `replica`. GET /v1/stream sends five server-sent events,
+replica that answered (its lease) in `replica`; a request's `delay_ms` makes it take that long
+(load for the autoscaler). GET /v1/stream sends five server-sent events,
 one every 50 ms.
 """
 
@@ -54,6 +55,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path != "/v1/completions":
             self.send_json(404, {"error": "no such path"})
             return
+        time.sleep(float(request.get("delay_ms", 0)) / 1000)
         prompt = str(request.get("prompt", ""))
         count = int(request.get("max_tokens", 8))
         rng = random.Random(prompt)
