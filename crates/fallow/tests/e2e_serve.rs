@@ -251,6 +251,21 @@ async fn a_service_answers_through_the_gateway_and_survives_a_lost_node() {
         text.contains("reachable") && text.contains("p95") && text.contains("per 1M tokens"),
         "{text}"
     );
+    // The tenant's dashboard shows the service, its cost per million tokens and its charts.
+    let page = world
+        .http
+        .get(format!("{}/dashboard/tenant", world.server.url))
+        .header("cookie", format!("fallow_key={}", world.tenant_key))
+        .send()
+        .await
+        .expect("the dashboard answers")
+        .text()
+        .await
+        .expect("the page");
+    assert!(
+        page.contains("<h2>Services</h2>") && page.contains("per 1M tokens") && page.contains("p95 latency"),
+        "{page}"
+    );
     let p95 = after_load["p95_ms"]
         .as_f64()
         .expect("a p95 once requests were answered");

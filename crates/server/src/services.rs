@@ -3,9 +3,9 @@
 //! Every second, for each service: replicas that never became healthy within the service's
 //! health timeout are ended (and counted against their version: three in a row stop it); the
 //! autoscaler moves the desired count between the service's bounds on requests in flight per
-//! ready replica and p95 latency (up when a target is passed for `scale_up_after_s`, down when
-//! the load stayed under half of it for `scale_down_after_s`, to zero when idle that long at
-//! `min_replicas` 0); missing replicas are submitted as jobs (base tier up to `min_replicas`,
+//! ready replica and p95 latency (up when a target is passed for `scale_up_after_s`, down one
+//! when the load stayed under half of it, or no request came, for `scale_down_after_s`; the last
+//! replica only when idle, to zero at `min_replicas` 0); missing replicas are submitted as jobs (base tier up to `min_replicas`,
 //! the burst tier above), extra ones ended; a new version rolls out one replica at a time, an
 //! old replica ending only once a new one is ready, and a version that fails stops its roll-out
 //! with the old replicas serving on. Each replica's escrow is renewed while it runs: when less

@@ -193,6 +193,8 @@ pub async fn page(
         body.push_str(&format!("<p class=\"note\">The newest {JOBS_SHOWN} jobs.</p>"));
     }
 
+    body.push_str(&services_section(&state, &caller).await?);
+
     body.push_str("<h2>Spend over time</h2>");
     let series = [Series {
         label: "spent (running total)".to_string(),
@@ -214,9 +216,138 @@ pub async fn page(
     Ok(render("Tenant", Some(&session), &body, query.refresh_s))
 }
 
+/// Seconds per point of a service's charts (its stats are sampled each second).
+const SERVICE_CHART_STEP_S: usize = 10;
+
+/// Requests/s and p95 latency (ms) of a service, one point per `SERVICE_CHART_STEP_S` of its
+/// samples (µs, stats then).
+pub(super) fn service_series(samples: &[(i64, crate::gateway::ServiceStats)]) -> (Vec<(i64, i64)>, Vec<(i64, i64)>) {
+    let (mut rate, mut p95) = (Vec::new(), Vec::new());
+    let points: Vec<&(i64, crate::gateway::ServiceStats)> = samples.iter().step_by(SERVICE_CHART_STEP_S).collect();
+    for pair in points.windows(2) {
+        let ((from, before), (to, after)) = (pair[0], pair[1]);
+        let window = after.since(before);
+        let seconds = ((to - from) as f64 / 1e6).max(1e-3);
+        rate.push((*to, (window.requests as f64 / seconds).round() as i64));
+        if let Some(ms) = window.quantile_ms(0.95) {
+            p95.push((*to, ms.round() as i64));
+        }
+    }
+    (rate, p95)
+}
+
+/// The tenant's services: scale, traffic, latency, tokens, cost per million tokens, and charts
+/// of requests/s and p95 latency over the last minutes (as this gateway sampled them).
+async fn services_section(state: &AppState, caller: &crate::state::Caller) -> Result<String, PageError> {
+    let services = crate::routes::services_page(state, caller).await?.services;
+    let mut out = String::from("<h2>Services</h2>");
+    let rows: Vec<Vec<String>> = services
+        .iter()
+        .map(|service| {
+            let deployed = service.deployed.as_ref();
+            vec![
+                escape(&service.name),
+                deployed.map_or("–".into(), |d| d.version.to_string()),
+                format!(
+                    "{} / {}",
+                    service.replicas.len(),
+                    deployed.map_or(0, |d| d.desired_replicas)
+                ),
+                format!("{:.1}", service.requests_per_sec),
+                service.p95_ms.map_or("–".into(), |ms| format!("{ms:.1} ms")),
+                service.errors.to_string(),
+                service.tokens.to_string(),
+                dollars(service.cost_micros),
+                service.cost_per_million_tokens_micros.map_or("–".into(), dollars),
+                escape(deployed.map_or("", |d| d.status.as_str())),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        "services",
+        &[
+            "service",
+            "version",
+            "ready / wanted",
+            "requests/s",
+            "p95",
+            "errors",
+            "tokens",
+            "GPU cost",
+            "per 1M tokens",
+            "status",
+        ],
+        &rows,
+        "No services: deploy one with fallow service deploy or POST /v1/services.",
+    ));
+    for service in &services {
+        let samples = state.gateway.history(caller.account_id, &service.name);
+        let (Some((from, _)), Some((to, _))) = (samples.first(), samples.last()) else {
+            continue;
+        };
+        let (rate, p95) = service_series(&samples);
+        out.push_str(&format!("<h3>{}</h3>", escape(&service.name)));
+        let charts = [
+            (
+                "requests per second",
+                "requests/s",
+                rate,
+                (|value| format!("{value}/s")) as fn(i64) -> String,
+            ),
+            ("p95 latency", "p95 (ms)", p95, |value| format!("{value} ms")),
+        ];
+        for (title, label, points, value_label) in charts {
+            let series = [Series {
+                label: label.to_string(),
+                points,
+            }];
+            out.push_str(&line_chart(&LineChart {
+                title,
+                from_us: *from,
+                to_us: *to,
+                series: if series[0].points.is_empty() { &[] } else { &series },
+                value_label,
+                running_total: false,
+            }));
+        }
+    }
+    out.push_str(
+        "<p class=\"note\">Per 1M tokens: the usage billed for the service's replicas over the tokens its \
+         answers reported (OpenAI-style usage objects). Requests, latency and tokens are this gateway's since it \
+         started; the charts cover the last ten minutes at most.</p>",
+    );
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_services_charts_read_its_samples_in_steps() {
+        use crate::gateway::{Gateway, Outcome};
+        let gateway = Gateway::default();
+        // Twenty-one samples a second apart; in the second ten seconds, 50 requests of 20 ms.
+        for second in 0..=20i64 {
+            if second > 10 {
+                for _ in 0..5 {
+                    let outcome = Outcome {
+                        error: false,
+                        micros: 20_000,
+                        tokens: None,
+                    };
+                    gateway.record(1, "chat", outcome);
+                }
+            }
+            gateway.sample(1, "chat", second * 1_000_000);
+        }
+        let (rate, p95) = service_series(&gateway.history(1, "chat"));
+        assert_eq!(rate, [(10_000_000, 0), (20_000_000, 5)]);
+        assert_eq!(p95.len(), 1);
+        assert_eq!(p95[0].0, 20_000_000);
+        // Within the 10 % of its bucket.
+        assert!((20..=22).contains(&p95[0].1), "{p95:?}");
+    }
 
     #[test]
     fn resources_read_in_a_few_words() {

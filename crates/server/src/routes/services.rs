@@ -149,11 +149,16 @@ pub async fn deploy_service(
 /// The caller's deployed services.
 pub async fn list_services(State(state): AppStateRef, Auth(caller): Auth) -> ApiResult<Json<ServiceList>> {
     require(&caller, &[Role::Tenant])?;
+    Ok(Json(services_page(&state, &caller).await?))
+}
+
+/// The caller's deployed services, exactly as `GET /v1/services` answers them.
+pub(crate) async fn services_page(state: &AppState, caller: &Caller) -> ApiResult<ServiceList> {
     let mut services = Vec::new();
     for record in state.store.services_of_tenant(caller.account_id).await? {
-        services.push(view(&state, caller.account_id, &record.name, Some(&record)).await?);
+        services.push(view(state, caller.account_id, &record.name, Some(&record)).await?);
     }
-    Ok(Json(ServiceList { services }))
+    Ok(ServiceList { services })
 }
 
 /// A service: deployed, or served by jobs that name it (`serve.name`) alone.
