@@ -176,6 +176,16 @@ async fn drive(args: &ServeArgs, running: &server::Running, folder: &std::path::
             .event(key, *node_id, lease.lease.id, &event)
             .await
             .map_err(|error| anyhow::anyhow!("{error}"))?;
+        // The responder answers at once: ready, as the agent reports once a health check passes.
+        let ready = LeaseEventRequest {
+            state: "ready".to_string(),
+            port: Some(ports[index]),
+            ..event
+        };
+        client
+            .event(key, *node_id, lease.lease.id, &ready)
+            .await
+            .map_err(|error| anyhow::anyhow!("{error}"))?;
         routes.ready(lease.lease.id, ports[index]);
         routed += 1;
         tokio::spawn(agent::tunnel::run(

@@ -76,9 +76,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 /// The caller of a tenant / provider / admin endpoint, from `Authorization: Bearer <API key>`.
 pub struct Auth(pub Caller);
 
-/// The caller of a service through the gateway: the tenant's API key as a bearer token, not
-/// counted against the API's rate limit.
-pub struct ServiceAuth(pub Caller);
+/// The caller of a service through the gateway: the tenant's API key as a bearer token, or a
+/// per-service key (then the service it calls, the only one it may), not counted against the
+/// API's rate limit.
+pub struct ServiceAuth(pub Caller, pub Option<String>);
 
 /// The API key in an `Authorization: Bearer` header.
 fn bearer(parts: &Parts) -> Result<&str, ApiError> {
@@ -107,7 +108,14 @@ impl FromRequestParts<Arc<AppState>> for ServiceAuth {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, ApiError> {
-        Ok(ServiceAuth(state.caller_of_key(bearer(parts)?).await?))
+        let presented = bearer(parts)?;
+        match state.caller_of_key(presented).await {
+            Ok(caller) => Ok(ServiceAuth(caller, None)),
+            Err(error) => match state.service_of_key(presented).await {
+                Ok((caller, service)) => Ok(ServiceAuth(caller, Some(service))),
+                Err(_) => Err(error),
+            },
+        }
     }
 }
 
@@ -242,13 +250,20 @@ impl<T: DeserializeOwned, const IDEMPOTENT: bool> FromRequest<Arc<AppState>> for
     }
 }
 
-/// A path parameter (`axum::extract::Path`) whose refusal is the API's JSON 400, not plain text.
+/// A path parameter (`axum::extract::Path`) whose refusal is the API's JSON 400, not plain text;
+/// one with a NUL character is refused.
 pub struct Path<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        // A NUL reaches no name, key or id (and PostgreSQL refuses it in text): bad input.
+        if parts.uri.path().to_ascii_lowercase().contains("%00") {
+            return Err(ApiError::BadRequest(
+                "a path parameter contains a NUL character (%00)".into(),
+            ));
+        }
         axum::extract::Path::<T>::from_request_parts(parts, state)
             .await
             .map(|axum::extract::Path(value)| Path(value))

@@ -38,7 +38,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post, put};
+use axum::routing::{any, delete, get, post, put};
 use store::{Role, Store};
 use tower_http::catch_panic::CatchPanicLayer;
 
@@ -84,6 +84,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/services/{name}/scale", post(routes::scale_service))
         .route("/v1/services/{name}/logs", get(routes::service_logs))
+        .route("/v1/services/{name}/keys", post(routes::create_service_key))
+        .route("/v1/services/{name}/keys/{key_id}", delete(routes::revoke_service_key))
         .route("/s/{service}", any(routes::serve))
         .route("/s/{service}/{*path}", any(routes::serve))
         .route("/v1/sites", get(routes::list_sites))

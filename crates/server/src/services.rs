@@ -33,6 +33,10 @@ pub const TEND_EVERY_US: i64 = 1_000_000;
 /// is stopped (its roll-out halted, or no more started until the service is updated).
 pub const FAILURES_MAX: u32 = 3;
 
+/// A burst replica that waited this many scale-up windows for capacity on its tier goes on the
+/// base tier.
+pub const BURST_FALLBACK_WINDOWS: i64 = 3;
+
 /// What the controller remembers of the services between passes.
 #[derive(Default)]
 pub struct Memory {
@@ -240,6 +244,46 @@ async fn tend_one(
             let job_id = submit_replica(state, service, target, target_version, &tier, now).await?;
             // Seen from its submission: one that fails before the next pass still counts.
             memory.seen.insert(job_id, (target_version, false));
+        }
+    }
+    // A burst replica that found no capacity on its tier goes on the base tier, whose price the
+    // service's cap allows (SkyServe's spot fallback to on-demand).
+    let fallback_after = i64::from(current.scale_up_after_s) * 1_000_000 * BURST_FALLBACK_WINDOWS;
+    if let Some(burst) = current
+        .burst_tier
+        .as_deref()
+        .filter(|burst| *burst != target.replica.tier)
+    {
+        let stuck: Vec<i64> = keep
+            .iter()
+            .filter(|replica| {
+                replica.row.lease_id.is_none()
+                    && replica.row.tier == burst
+                    && now - replica.row.submitted_at > fallback_after
+            })
+            .map(|replica| replica.row.job_id)
+            .collect();
+        for job_id in stuck {
+            let reason = format!(
+                "no {burst} capacity within {} s: replaced on {}",
+                fallback_after / 1_000_000,
+                target.replica.tier
+            );
+            if end_replica(
+                state,
+                memory,
+                job_id,
+                JobState::Cancelled,
+                LeaseState::Cancelled,
+                &reason,
+            )
+            .await?
+            {
+                keep.retain(|replica| replica.row.job_id != job_id);
+                let tier = target.replica.tier.clone();
+                let replacement = submit_replica(state, service, target, target_version, &tier, now).await?;
+                memory.seen.insert(replacement, (target_version, false));
+            }
         }
     }
     // A roll-out retires an old replica for each new one ready.

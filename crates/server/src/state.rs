@@ -44,6 +44,8 @@ pub struct AppState {
     /// Where every time the coordinator stamps or decides on comes from.
     pub clock: Arc<dyn Clock>,
     keys: Mutex<HashMap<String, (Caller, String, Instant)>>,
+    /// Per-service keys: key id → (tenant, service, secret hash, when read).
+    service_keys: Mutex<HashMap<String, (i64, String, String, Instant)>>,
     /// Tenants found with a positive balance, and when.
     funded: Mutex<HashMap<i64, Instant>>,
     nodes: Mutex<HashMap<i64, NodeIdentity>>,
@@ -137,6 +139,7 @@ impl AppState {
             config,
             clock,
             keys: Mutex::new(HashMap::new()),
+            service_keys: Mutex::new(HashMap::new()),
             funded: Mutex::new(HashMap::new()),
             nodes: Mutex::new(HashMap::new()),
             nonces,
@@ -168,6 +171,48 @@ impl AppState {
         let caller = self.caller_of_key(presented).await?;
         self.rate_limit(false, caller.account_id)?;
         Ok(caller)
+    }
+
+    /// The tenant and service a presented per-service key calls (`service key create`): it
+    /// calls that service through the gateway and nothing else.
+    pub async fn service_of_key(&self, presented: &str) -> Result<(Caller, String), ApiError> {
+        let (key_id, secret) =
+            trust::parse_api_key(presented).map_err(|error| ApiError::Unauthorized(error.to_string()))?;
+        let cached = {
+            let keys = self.service_keys.lock().expect("service key cache lock");
+            keys.get(key_id)
+                .filter(|(_, _, _, at)| at.elapsed() < API_KEY_CACHE_TTL)
+                .map(|(tenant, service, hash, _)| (*tenant, service.clone(), hash.clone()))
+        };
+        let (tenant, service, hash) = match cached {
+            Some(found) => found,
+            None => {
+                let record = self
+                    .store
+                    .service_key(key_id)
+                    .await?
+                    .filter(|record| record.revoked_at.is_none())
+                    .ok_or_else(|| ApiError::Unauthorized("key unknown or revoked".into()))?;
+                self.service_keys.lock().expect("service key cache lock").insert(
+                    key_id.to_string(),
+                    (
+                        record.tenant_id,
+                        record.service.clone(),
+                        record.secret_hash.clone(),
+                        Instant::now(),
+                    ),
+                );
+                (record.tenant_id, record.service, record.secret_hash)
+            }
+        };
+        if !trust::verify_secret(secret, &hash) {
+            return Err(ApiError::Unauthorized("key does not match; check for a typo".into()));
+        }
+        let caller = Caller {
+            account_id: tenant,
+            role: Role::Tenant,
+        };
+        Ok((caller, service))
     }
 
     /// The caller a presented API key belongs to, not counted against the API's rate limit:
@@ -229,6 +274,7 @@ impl AppState {
 
     pub fn forget_key(&self, key_id: &str) {
         self.keys.lock().expect("key cache lock").remove(key_id);
+        self.service_keys.lock().expect("service key cache lock").remove(key_id);
     }
 
     /// Forgets a node's cached key (it was rotated).

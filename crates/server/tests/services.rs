@@ -237,6 +237,42 @@ async fn a_service_keeps_its_replicas_rolls_out_safely_and_scales_to_zero() {
             })
             .await;
 
+            // A per-service key calls this service and nothing else.
+            let key = h
+                .post(&tenant.key, "/v1/services/chat/keys", json!({}))
+                .await
+                .expect(201, "a service key")["api_key"]
+                .as_str()
+                .expect("the key")
+                .to_string();
+            let through = h.call("GET", "/s/chat/v1/models", Some(&key), None).await;
+            assert_eq!(
+                through.status, 503,
+                "taken; no tunnel reaches the test's replica: {:?}",
+                through.body
+            );
+            let other = h.call("GET", "/s/other/v1/models", Some(&key), None).await;
+            assert_eq!(other.status, 403, "{:?}", other.body);
+            h.get(&key, "/v1/services")
+                .await
+                .refused(401, "a service key is not an API key");
+            let key_id = key
+                .trim_start_matches("fallow_")
+                .split('_')
+                .next()
+                .expect("a key id")
+                .to_string();
+            h.call(
+                "DELETE",
+                &format!("/v1/services/chat/keys/{key_id}"),
+                Some(&tenant.key),
+                None,
+            )
+            .await
+            .expect(204, "revoked");
+            let revoked = h.call("GET", "/s/chat/v1/models", Some(&key), None).await;
+            assert_eq!(revoked.status, 401, "{:?}", revoked.body);
+
             // Listed; then deleted: its replicas stop and the name is free.
             let list = h.get(&tenant.key, "/v1/services").await.expect(200, "list");
             assert_eq!(list["services"][0]["name"], "chat");
@@ -252,6 +288,60 @@ async fn a_service_keeps_its_replicas_rolls_out_safely_and_scales_to_zero() {
             assert_eq!(job["state"], "cancelled", "{job}");
             let other = h.tenant("other").await;
             h.get(&other.key, "/v1/services").await.expect(200, "an empty list");
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_replica_without_bronze_capacity_goes_on_the_base_tier() {
+    on_every_backend_with(
+        |config| config.heartbeat_timeout_ms = 30_000,
+        async |h: &Harness| {
+            let tenant = h.tenant("acme").await;
+            let provider = h.provider("gpu-farm").await;
+            h.credit(&tenant, "500.00").await;
+            // The only node sells no bronze.
+            let node = h
+                .node(&provider, "a", |registration| {
+                    registration["policy"] = json!({"asks": {"gold": "3.00", "silver": "2.00"}});
+                })
+                .await;
+            let mut burst = service("burst", 0, 2);
+            burst["burst_tier"] = json!("bronze");
+            burst["scale_up_after_s"] = json!(1);
+            burst["scale_down_after_s"] = json!(600);
+            h.post(&tenant.key, "/v1/services", burst).await.expect(201, "deployed");
+            let first = h
+                .wait_for("a bronze replica waiting", async || {
+                    node.heartbeat().await;
+                    let replicas = replicas(h, &tenant, "burst").await;
+                    (replicas.len() == 1).then(|| replicas[0].clone())
+                })
+                .await;
+            assert_eq!(
+                (first["tier"].as_str(), first["state"].as_str()),
+                (Some("bronze"), Some("queued"))
+            );
+            h.wait_for("the replica on silver", async || {
+                let view = tend(h, &tenant, &[&node], "burst", |_| true).await;
+                let replicas = view["replica_states"].as_array().cloned().unwrap_or_default();
+                (replicas.len() == 1 && replicas[0]["tier"] == "silver" && replicas[0]["state"] == "ready")
+                    .then_some(())
+            })
+            .await;
+            let job = h
+                .get(&tenant.key, &format!("/v1/jobs/{}", first["job_id"]))
+                .await
+                .expect(200, "the bronze job");
+            assert_eq!(job["state"], "cancelled", "{job}");
+            assert!(
+                job["state_reason"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("no bronze capacity within 3 s"),
+                "{job}"
+            );
         },
     )
     .await;

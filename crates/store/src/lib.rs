@@ -21,7 +21,7 @@ pub use ledger::LedgerOutcome;
 /// The lease states are the model's: one enum from the matcher to the database.
 pub use model::LeaseState;
 pub use rows::*;
-pub use services::{ServiceRecord, ServiceReplica};
+pub use services::{ServiceKeyRecord, ServiceRecord, ServiceReplica};
 pub use serving::ServingLease;
 pub use sites::SiteRecord;
 pub use trust::{CanaryRow, FraudRow, NewCanary};

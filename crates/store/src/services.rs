@@ -49,6 +49,17 @@ pub struct ServiceReplica {
     pub preempt_at: Option<i64>,
 }
 
+/// A key that calls one service of its tenant through the gateway, and nothing else.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceKeyRecord {
+    pub key_id: String,
+    pub tenant_id: i64,
+    pub service: String,
+    pub secret_hash: String,
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
+}
+
 const SERVICE_COLUMNS: &str =
     "id, tenant_id, name, spec, version, stable_spec, stable_version, desired, status, created_at, updated_at";
 
@@ -297,5 +308,60 @@ impl Store {
         .await?;
         let spent: i64 = row.try_get("spent")?;
         Ok(-spent)
+    }
+
+    /// Keeps a new per-service key (its secret hashed).
+    pub async fn insert_service_key(&self, key: &ServiceKeyRecord) -> Result<()> {
+        let mut transaction = self.begin_write().await?;
+        sqlx::query(
+            "INSERT INTO service_keys (key_id, tenant_id, service, secret_hash, created_at, revoked_at) \
+             VALUES ($1, $2, $3, $4, $5, NULL)",
+        )
+        .bind(&key.key_id)
+        .bind(key.tenant_id)
+        .bind(&key.service)
+        .bind(&key.secret_hash)
+        .bind(key.created_at)
+        .execute(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    pub async fn service_key(&self, key_id: &str) -> Result<Option<ServiceKeyRecord>> {
+        let row = sqlx::query(
+            "SELECT key_id, tenant_id, service, secret_hash, created_at, revoked_at FROM service_keys WHERE key_id = $1",
+        )
+        .bind(key_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| {
+            Ok(ServiceKeyRecord {
+                key_id: row.try_get("key_id")?,
+                tenant_id: row.try_get("tenant_id")?,
+                service: row.try_get("service")?,
+                secret_hash: row.try_get("secret_hash")?,
+                created_at: row.try_get("created_at")?,
+                revoked_at: row.try_get("revoked_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Revokes a tenant's key of a service; false when there is no such live key.
+    pub async fn revoke_service_key(&self, tenant_id: i64, service: &str, key_id: &str, now: i64) -> Result<bool> {
+        let mut transaction = self.begin_write().await?;
+        let done = sqlx::query(
+            "UPDATE service_keys SET revoked_at = $1 \
+             WHERE key_id = $2 AND tenant_id = $3 AND service = $4 AND revoked_at IS NULL",
+        )
+        .bind(now)
+        .bind(key_id)
+        .bind(tenant_id)
+        .bind(service)
+        .execute(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+        Ok(done.rows_affected() == 1)
     }
 }

@@ -61,12 +61,29 @@ enum ServiceCommand {
     },
     /// Delete a service: its replicas stop and their escrow is released.
     Delete { name: String },
+    /// Keys that call one service through the gateway and nothing else.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
     /// The output of a service's live replicas, each line's replica (job id) first.
     Logs {
         name: String,
         /// Keep printing new output until interrupted.
         #[arg(long)]
         follow: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// A new key for the service, shown once.
+    Create { name: String },
+    /// Revoke a key of the service.
+    Revoke {
+        name: String,
+        #[arg(value_name = "KEY_ID")]
+        key_id: String,
     },
 }
 
@@ -166,8 +183,39 @@ pub fn run(args: ServiceArgs) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        ServiceCommand::Key { command } => key(&client, command),
         ServiceCommand::Logs { name, follow } => logs(&client, &name, follow),
     }
+}
+
+fn key(client: &Client, command: KeyCommand) -> anyhow::Result<()> {
+    match command {
+        KeyCommand::Create { name } => {
+            let answer = client.post(&format!("{}/keys", path_of(&name)), &json!({}))?;
+            if client.json {
+                output::print_json(&answer);
+            } else {
+                let key: api::NewKeyResponse = parse(&answer, "key")?;
+                println!("{}", key.api_key);
+                eprintln!(
+                    "key {} calls service {name} (http://…/s/{name}/…) and nothing else; it is shown only now",
+                    key.key_id
+                );
+            }
+        }
+        KeyCommand::Revoke { name, key_id } => {
+            client.send(
+                Method::DELETE,
+                &format!("{}/keys/{}", path_of(&name), super::admin::path_segment(&key_id)),
+                &[],
+                None,
+            )?;
+            if !client.json {
+                println!("key {key_id} of service {name} revoked");
+            }
+        }
+    }
+    Ok(())
 }
 
 fn path_of(name: &str) -> String {

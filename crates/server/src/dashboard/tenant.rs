@@ -216,12 +216,15 @@ pub async fn page(
     Ok(render("Tenant", Some(&session), &body, query.refresh_s))
 }
 
+/// A chart's points: (µs, value).
+type Points = Vec<(i64, i64)>;
+
 /// Seconds per point of a service's charts (its stats are sampled each second).
 const SERVICE_CHART_STEP_S: usize = 10;
 
 /// Requests/s and p95 latency (ms) of a service, one point per `SERVICE_CHART_STEP_S` of its
 /// samples (µs, stats then).
-pub(super) fn service_series(samples: &[(i64, crate::gateway::ServiceStats)]) -> (Vec<(i64, i64)>, Vec<(i64, i64)>) {
+pub(super) fn service_series(samples: &[(i64, crate::gateway::ServiceStats)]) -> (Points, Points) {
     let (mut rate, mut p95) = (Vec::new(), Vec::new());
     let points: Vec<&(i64, crate::gateway::ServiceStats)> = samples.iter().step_by(SERVICE_CHART_STEP_S).collect();
     for pair in points.windows(2) {

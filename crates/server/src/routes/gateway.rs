@@ -114,7 +114,7 @@ async fn wait_for_replica(
 
 /// A request for a service: `/s/{service}/PATH?QUERY` goes to `/PATH?QUERY` on one of the
 /// caller's ready replicas serving `service`.
-pub async fn serve(State(state): AppStateRef, ServiceAuth(caller): ServiceAuth, request: Request) -> Response {
+pub async fn serve(State(state): AppStateRef, ServiceAuth(caller, only): ServiceAuth, request: Request) -> Response {
     if caller.role != Role::Tenant && caller.role != Role::Admin {
         return ApiError::Forbidden("services are called with a tenant's key".into()).into_response();
     }
@@ -125,6 +125,15 @@ pub async fn serve(State(state): AppStateRef, ServiceAuth(caller): ServiceAuth, 
         Some(at) => (&rest[..at], &rest[at..]),
         None => (rest, "/"),
     };
+    if api::check_service_name("service", name).is_err() {
+        return answer(
+            StatusCode::NOT_FOUND,
+            &format!("no service {name:?}: a service's name is letters, digits and '-'"),
+        );
+    }
+    if only.as_deref().is_some_and(|only| only != name) {
+        return ApiError::Forbidden(format!("this key calls its own service only, not {name:?}")).into_response();
+    }
     let path_and_query = match parts.uri.query() {
         Some(query) => format!("{path}?{query}"),
         None => path.to_string(),

@@ -29,8 +29,8 @@ pub(crate) use nodes::{earnings, list_nodes, list_sites, register_node, set_poli
 pub(crate) use offers::search_offers;
 pub(crate) use records::{attest, report_usage};
 pub(crate) use services::{
-    delete_service, deploy_service, list_services, scale_service, service_logs, services_page, show_service,
-    update_service,
+    create_service_key, delete_service, deploy_service, list_services, revoke_service_key, scale_service, service_logs,
+    services_page, show_service, update_service,
 };
 pub(crate) use trust::{admin_bond, canary_result, frauds, node_canaries, post_bond, trust, trust_view, verify_node};
 

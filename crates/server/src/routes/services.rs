@@ -3,8 +3,8 @@
 //! replica count; the gateway (`routes::gateway`) serves it at `/s/{name}/…`.
 
 use api::{
-    LogChunkView, PAGE_SIZE_MAX, ServiceDeployment, ServiceList, ServiceLogs, ServiceReplicaView, ServiceRequest,
-    ServiceScale, ServiceView,
+    LogChunkView, NewKeyResponse, PAGE_SIZE_MAX, ServiceDeployment, ServiceList, ServiceLogs, ServiceReplicaView,
+    ServiceRequest, ServiceScale, ServiceView,
 };
 use axum::Json;
 use axum::extract::State;
@@ -336,4 +336,54 @@ pub async fn service_logs(
         chunks,
         next_after,
     }))
+}
+
+/// A new key that calls this service through the gateway and nothing else; shown once.
+pub async fn create_service_key(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(name): Path<String>,
+) -> ApiResult<(StatusCode, Json<NewKeyResponse>)> {
+    require(&caller, &[Role::Tenant])?;
+    own_service(&state, &caller, &name).await?;
+    let key = trust::generate_api_key();
+    state
+        .store
+        .insert_service_key(&store::ServiceKeyRecord {
+            key_id: key.key_id.clone(),
+            tenant_id: caller.account_id,
+            service: name,
+            secret_hash: key.secret_hash,
+            created_at: state.now_us(),
+            revoked_at: None,
+        })
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(NewKeyResponse {
+            key_id: key.key_id,
+            api_key: key.display,
+        }),
+    ))
+}
+
+/// Revokes a key of this service: at once on this replica, within `API_KEY_CACHE_TTL` on the
+/// others, as for API keys.
+pub async fn revoke_service_key(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path((name, key_id)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    require(&caller, &[Role::Tenant])?;
+    if !state
+        .store
+        .revoke_service_key(caller.account_id, &name, &key_id, state.now_us())
+        .await?
+    {
+        return Err(ApiError::NotFound(format!(
+            "no live key {key_id:?} of service {name:?}"
+        )));
+    }
+    state.forget_key(&key_id);
+    Ok(StatusCode::NO_CONTENT)
 }
