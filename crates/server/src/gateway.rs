@@ -411,6 +411,13 @@ impl Gateway {
         self.counter(lease_id).load(Ordering::Relaxed)
     }
 
+    /// Forgets the counters of replicas with nothing in flight (a counter at zero says nothing;
+    /// one is made again on the next request), so ended leases leave none behind.
+    pub fn prune(&self) {
+        let mut counters = self.in_flight.lock().expect("in-flight lock");
+        counters.retain(|_, counter| counter.load(Ordering::Relaxed) > 0);
+    }
+
     fn counter(&self, lease_id: i64) -> Arc<AtomicU32> {
         let mut counters = self.in_flight.lock().expect("in-flight lock");
         Arc::clone(counters.entry(lease_id).or_default())

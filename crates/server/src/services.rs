@@ -71,6 +71,7 @@ pub async fn tend(state: &AppState, memory: &mut Memory, now: i64) -> Result<(),
         return Ok(());
     }
     memory.checked_at = now;
+    state.gateway.prune();
     let services = state.store.all_services().await?;
     memory
         .by_service
@@ -206,15 +207,7 @@ async fn tend_one(
         // The stopped version's replicas go; the stable ones serve on.
         for replica in others.iter().filter(|replica| replica.version == version) {
             let reason = format!("version {version} stopped: its roll-out failed");
-            end_replica(
-                state,
-                memory,
-                replica.row.job_id,
-                JobState::Cancelled,
-                LeaseState::Cancelled,
-                &reason,
-            )
-            .await?;
+            retire(state, memory, replica.row.job_id, &reason).await?;
         }
         others.retain(|replica| replica.version != version);
     }
@@ -269,16 +262,7 @@ async fn tend_one(
                 fallback_after / 1_000_000,
                 target.replica.tier
             );
-            if end_replica(
-                state,
-                memory,
-                job_id,
-                JobState::Cancelled,
-                LeaseState::Cancelled,
-                &reason,
-            )
-            .await?
-            {
+            if retire(state, memory, job_id, &reason).await? {
                 keep.retain(|replica| replica.row.job_id != job_id);
                 let tier = target.replica.tier.clone();
                 let replacement = submit_replica(state, service, target, target_version, &tier, now).await?;
@@ -292,15 +276,7 @@ async fn tend_one(
     while !others.is_empty() && ready_keep + others.len() > desired_count {
         let old = others.remove(0);
         let reason = format!("replaced by version {target_version}");
-        end_replica(
-            state,
-            memory,
-            old.row.job_id,
-            JobState::Cancelled,
-            LeaseState::Cancelled,
-            &reason,
-        )
-        .await?;
+        retire(state, memory, old.row.job_id, &reason).await?;
     }
     // Scaling down: queued replicas first, then starting ones, then burst ones, the least busy.
     if others.is_empty() && keep.len() > desired_count {
@@ -316,15 +292,7 @@ async fn tend_one(
         });
         let extra = keep.len() - desired_count;
         for replica in keep.drain(..extra) {
-            end_replica(
-                state,
-                memory,
-                replica.row.job_id,
-                JobState::Cancelled,
-                LeaseState::Cancelled,
-                "scaled down",
-            )
-            .await?;
+            retire(state, memory, replica.row.job_id, "scaled down").await?;
         }
     }
     if others.is_empty() && !halted && version != stable_version && keep.iter().all(|replica| replica.ready) {
@@ -468,6 +436,19 @@ async fn submit_replica(
     tracing::info!(service = %service.name, job = record.id, version, tier, "replica submitted");
     state.wake.notify_one();
     Ok(record.id)
+}
+
+/// Ends a replica that is no longer wanted (cancelled, not failed); true when it was live.
+async fn retire(state: &AppState, memory: &mut ServiceMemory, job_id: i64, reason: &str) -> Result<bool, ApiError> {
+    end_replica(
+        state,
+        memory,
+        job_id,
+        JobState::Cancelled,
+        LeaseState::Cancelled,
+        reason,
+    )
+    .await
 }
 
 /// Ends a replica's job on purpose; true when it was live.

@@ -236,6 +236,31 @@ pub struct LogQuery {
     limit: Option<i64>,
 }
 
+/// The output of the leases in `replicas` (lease id → the replica each chunk is labelled with)
+/// after chunk `after`, oldest first.
+pub(super) async fn log_chunks(
+    state: &AppState,
+    replicas: &std::collections::HashMap<i64, i64>,
+    after: i64,
+    limit: i64,
+) -> ApiResult<Vec<LogChunkView>> {
+    let ids: Vec<i64> = replicas.keys().copied().collect();
+    Ok(state
+        .store
+        .lease_logs(&ids, after, limit)
+        .await?
+        .into_iter()
+        .map(|chunk| LogChunkView {
+            id: chunk.id,
+            lease_id: chunk.lease_id,
+            replica: replicas.get(&chunk.lease_id).copied().unwrap_or(0),
+            byte_offset: chunk.byte_offset,
+            text: chunk.text,
+            at_us: chunk.at,
+        })
+        .collect())
+}
+
 /// A job's output, from every replica, oldest first.
 pub async fn job_logs(
     State(state): AppStateRef,
@@ -252,21 +277,7 @@ pub async fn job_logs(
     let leases = state.store.leases_of_job(job.id).await?;
     let replicas: std::collections::HashMap<i64, i64> =
         leases.iter().map(|lease| (lease.id, lease.lease.replica)).collect();
-    let ids: Vec<i64> = leases.iter().map(|lease| lease.id).collect();
-    let chunks: Vec<LogChunkView> = state
-        .store
-        .lease_logs(&ids, after, limit)
-        .await?
-        .into_iter()
-        .map(|chunk| LogChunkView {
-            id: chunk.id,
-            lease_id: chunk.lease_id,
-            replica: replicas.get(&chunk.lease_id).copied().unwrap_or(0),
-            byte_offset: chunk.byte_offset,
-            text: chunk.text,
-            at_us: chunk.at,
-        })
-        .collect();
+    let chunks = log_chunks(&state, &replicas, after, limit).await?;
     let next_after = chunks.last().map_or(after, |chunk| chunk.id);
     Ok(Json(JobLogs {
         job_id: job.id,

@@ -3,8 +3,8 @@
 //! replica count; the gateway (`routes::gateway`) serves it at `/s/{name}/…`.
 
 use api::{
-    LogChunkView, NewKeyResponse, PAGE_SIZE_MAX, ServiceDeployment, ServiceList, ServiceLogs, ServiceReplicaView,
-    ServiceRequest, ServiceScale, ServiceView,
+    NewKeyResponse, PAGE_SIZE_MAX, ServiceDeployment, ServiceList, ServiceLogs, ServiceReplicaView, ServiceRequest,
+    ServiceScale, ServiceView,
 };
 use axum::Json;
 use axum::extract::State;
@@ -315,21 +315,7 @@ pub async fn service_logs(
         .iter()
         .filter_map(|replica| Some((replica.lease_id?, replica.job_id)))
         .collect();
-    let ids: Vec<i64> = jobs.keys().copied().collect();
-    let chunks: Vec<LogChunkView> = state
-        .store
-        .lease_logs(&ids, after, limit)
-        .await?
-        .into_iter()
-        .map(|chunk| LogChunkView {
-            id: chunk.id,
-            lease_id: chunk.lease_id,
-            replica: jobs.get(&chunk.lease_id).copied().unwrap_or(0),
-            byte_offset: chunk.byte_offset,
-            text: chunk.text,
-            at_us: chunk.at,
-        })
-        .collect();
+    let chunks = super::jobs::log_chunks(&state, &jobs, after, limit).await?;
     let next_after = chunks.last().map_or(after, |chunk| chunk.id);
     Ok(Json(ServiceLogs {
         name,
