@@ -26,6 +26,7 @@ use crate::error::ApiError;
 use crate::lifecycle::end_job;
 use crate::money;
 use crate::state::AppState;
+use crate::wire::{replica_version, service_request};
 
 /// How often the controller looks at the services.
 pub const TEND_EVERY_US: i64 = 1_000_000;
@@ -85,41 +86,27 @@ pub async fn tend(state: &AppState, memory: &mut Memory, now: i64) -> Result<(),
     Ok(())
 }
 
-fn parse(spec: &str) -> Result<ServiceRequest, ApiError> {
-    serde_json::from_str(spec).map_err(|error| ApiError::Internal(format!("a stored service spec: {error}")))
-}
-
-fn version_of(spec: &str) -> u32 {
-    serde_json::from_str::<api::JobRequest>(spec)
-        .ok()
-        .and_then(|job| job.serve)
-        .map_or(0, |serve| serve.version)
-}
-
 async fn tend_one(
     state: &AppState,
     memory: &mut ServiceMemory,
     service: &ServiceRecord,
     now: i64,
 ) -> Result<(), ApiError> {
-    let current = parse(&service.spec)?;
-    let stable = parse(&service.stable_spec)?;
+    let current = service_request(&service.spec)?;
+    let stable = service_request(&service.stable_spec)?;
     let (tenant, name) = (service.tenant_id, service.name.as_str());
-    let mut seen_jobs = HashSet::new();
     let mut live: Vec<Replica> = Vec::new();
     for row in state.store.service_replicas(tenant, name).await? {
-        if !seen_jobs.insert(row.job_id) {
-            continue;
-        }
         let ready = row.ready_at.is_some() && row.lease_state.as_deref() == Some("running") && row.preempt_at.is_none();
         let in_flight = row.lease_id.map_or(0, |lease| state.gateway.in_flight(lease));
         live.push(Replica {
-            version: version_of(&row.spec),
+            version: replica_version(&row.spec),
             ready,
             in_flight,
             row,
         });
     }
+    let seen_jobs: HashSet<i64> = live.iter().map(|replica| replica.row.job_id).collect();
     // Replicas gone since the last pass without ever becoming ready count against their version.
     let vanished: Vec<(i64, u32, bool)> = memory
         .seen
@@ -473,18 +460,11 @@ async fn end_replica(
         reason,
     )
     .await?;
-    if let Some(leases) = &ended {
-        let mut view = state.view.lock().await;
-        if let Some(view) = view.as_mut() {
-            for lease in leases {
-                view.release(lease.id);
-            }
-        }
-        if let Ok(request) = serde_json::from_str::<api::JobRequest>(&job.spec)
-            && let Some(serve) = request.serve
-        {
-            state.gateway.invalidate(job.tenant_id, &serve.name);
-        }
+    // The leader's next pass frees the ended leases in its view, as for any ended job.
+    if ended.is_some()
+        && let Some(serve) = crate::wire::job_request(&job).serve
+    {
+        state.gateway.invalidate(job.tenant_id, &serve.name);
     }
     Ok(ended.is_some())
 }

@@ -34,6 +34,20 @@ pub fn job_request(job: &JobRecord) -> JobRequest {
     serde_json::from_str(&job.spec).unwrap_or_default()
 }
 
+/// A service's request as stored (`services.spec`, the API's own serialisation).
+pub fn service_request(spec: &str) -> Result<api::ServiceRequest, crate::error::ApiError> {
+    serde_json::from_str(spec)
+        .map_err(|error| crate::error::ApiError::Internal(format!("a stored service spec: {error}")))
+}
+
+/// The service version a replica's job runs (its spec's `serve.version`; 0 for none).
+pub fn replica_version(spec: &str) -> u32 {
+    serde_json::from_str::<JobRequest>(spec)
+        .ok()
+        .and_then(|job| job.serve)
+        .map_or(0, |serve| serve.version)
+}
+
 /// What a running job waits for in a preemption, in words, or None: a preemptor whose leases
 /// have not started waits out its `victims`' grace (`waiting for GPUs (preempting job 4, grace
 /// until …)`); a job whose lease is being preempted says when it stops (`preempting: stops at

@@ -227,8 +227,8 @@ impl Store {
         Ok(deleted.rows_affected() == 1)
     }
 
-    /// The live (queued or running) jobs of `tenant_id` that serve `name`, each with its live
-    /// lease once placed, by job id.
+    /// The live (queued or running) jobs of `tenant_id` that serve `name`, each once, with its
+    /// live lease once placed, by job id.
     pub async fn service_replicas(&self, tenant_id: i64, name: &str) -> Result<Vec<ServiceReplica>> {
         let rows = sqlx::query(
             "SELECT j.id, j.state, j.spec, j.submitted_at, j.tier, l.id AS lease_id, l.epoch, l.state AS lease_state, \
@@ -240,7 +240,8 @@ impl Store {
         .bind(serving_pattern(name))
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
+        let mut replicas = rows
+            .iter()
             .map(|row| {
                 Ok(ServiceReplica {
                     job_id: row.try_get("id")?,
@@ -258,7 +259,10 @@ impl Store {
                     preempt_at: row.try_get("preempt_at")?,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        // One row per job: its first live lease.
+        replicas.dedup_by_key(|replica| replica.job_id);
+        Ok(replicas)
     }
 
     /// A serving replica's health check answered: the gateway may route to it. False when the

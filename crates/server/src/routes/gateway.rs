@@ -79,8 +79,7 @@ async fn wait_for_replica(
             &format!("no service {name:?}: none is deployed by that name and none of your running jobs serves it"),
         )));
     };
-    let request: api::ServiceRequest = serde_json::from_str(&record.spec)
-        .map_err(|error| ApiError::Internal(format!("a stored service spec: {error}")))?;
+    let request = crate::wire::service_request(&record.spec)?;
     state.gateway.wake(tenant, name);
     if record.desired == 0 {
         state

@@ -18,12 +18,9 @@ use crate::gateway::Endpoint;
 use crate::lifecycle::end_job;
 use crate::money;
 use crate::state::{AppState, Caller};
+use crate::wire::{replica_version, service_request};
 
 use super::{AppStateRef, require};
-
-fn parse(spec: &str) -> ApiResult<ServiceRequest> {
-    serde_json::from_str(spec).map_err(|error| ApiError::Internal(format!("a stored service spec: {error}")))
-}
 
 fn input(error: api::InputError) -> ApiError {
     ApiError::BadRequest(error.0)
@@ -41,15 +38,8 @@ async fn view(state: &AppState, tenant: i64, name: &str, record: Option<&Service
         .window(tenant, name, now, 60_000_000)
         .map_or(0.0, |(seconds, window)| window.requests as f64 / seconds.max(1.0));
     let mut replica_states = Vec::new();
-    let mut seen = std::collections::HashSet::new();
     for row in state.store.service_replicas(tenant, name).await? {
-        if !seen.insert(row.job_id) {
-            continue;
-        }
-        let version = serde_json::from_str::<api::JobRequest>(&row.spec)
-            .ok()
-            .and_then(|job| job.serve)
-            .map_or(0, |serve| serve.version);
+        let version = replica_version(&row.spec);
         let replica_state = match (&row.lease_state, row.ready_at, row.preempt_at) {
             (None, _, _) => "queued",
             (Some(_), _, Some(_)) => "draining",
@@ -68,7 +58,7 @@ async fn view(state: &AppState, tenant: i64, name: &str, record: Option<&Service
     }
     let deployed = match record {
         Some(record) => {
-            let request = parse(&record.spec)?;
+            let request = service_request(&record.spec)?;
             Some(ServiceDeployment {
                 version: record.version,
                 stable_version: record.stable_version,
@@ -196,7 +186,7 @@ pub async fn update_service(
         )));
     }
     let record = own_service(&state, &caller, &name).await?;
-    let old = parse(&record.spec)?;
+    let old = service_request(&record.spec)?;
     let spec = serde_json::to_string(&request).map_err(|error| ApiError::Internal(error.to_string()))?;
     let now = state.now_us();
     let new_version =
@@ -233,7 +223,7 @@ pub async fn scale_service(
     require(&caller, &[Role::Tenant])?;
     api::check_bounds(scale.min_replicas, scale.max_replicas).map_err(input)?;
     let record = own_service(&state, &caller, &name).await?;
-    let mut request = parse(&record.spec)?;
+    let mut request = service_request(&record.spec)?;
     request.min_replicas = scale.min_replicas;
     request.max_replicas = scale.max_replicas;
     let spec = serde_json::to_string(&request).map_err(|error| ApiError::Internal(error.to_string()))?;
