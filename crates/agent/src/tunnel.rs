@@ -5,7 +5,9 @@
 //! replica (`x-fallow-lease`), and the agent forwards it to the replica's port on this host and
 //! streams the answer back. A replica is reachable only once its health check answered
 //! (`Routes::ready`); a request for one that is not is answered here, marked unreached, so the
-//! gateway may send it to another replica. A tunnel that breaks is dialled again.
+//! gateway may send it to another replica. A tunnel that breaks is dialled again. Gateways
+//! running as their own processes (`fallow gateway`) are named in the heartbeat's answer; the
+//! agent keeps one tunnel to each as well (`keep`).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -61,7 +63,59 @@ fn now_ms() -> i64 {
         .map_or(0, |elapsed| elapsed.as_millis() as i64)
 }
 
-/// Keeps the node's tunnel up until `shutdown` turns true: dials, serves, and dials again after
+/// Keeps a tunnel to the coordinator's gateway and one to each gateway running on its own that
+/// `gateways` lists (it changes with the heartbeats' answers), until `shutdown` turns true.
+pub async fn keep(
+    coordinator: String,
+    key: Arc<NodeKey>,
+    node_id: i64,
+    routes: Routes,
+    mut gateways: watch::Receiver<Vec<String>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let own = coordinator.trim_end_matches('/').to_string();
+    let mut running: HashMap<String, watch::Sender<bool>> = HashMap::new();
+    loop {
+        let wanted: std::collections::HashSet<String> = std::iter::once(own.clone())
+            .chain(
+                gateways
+                    .borrow_and_update()
+                    .iter()
+                    .map(|url| url.trim_end_matches('/').to_string()),
+            )
+            .collect();
+        running.retain(|url, stop| {
+            let keep = wanted.contains(url);
+            if !keep {
+                tracing::info!(gateway = url, "no longer listed: closing its tunnel");
+                let _ = stop.send(true);
+            }
+            keep
+        });
+        for url in wanted {
+            if let std::collections::hash_map::Entry::Vacant(entry) = running.entry(url) {
+                let (stop, stopped) = watch::channel(false);
+                tokio::spawn(run(
+                    entry.key().clone(),
+                    Arc::clone(&key),
+                    node_id,
+                    routes.clone(),
+                    stopped,
+                ));
+                entry.insert(stop);
+            }
+        }
+        tokio::select! {
+            _ = shutdown.wait_for(|stop| *stop) => break,
+            changed = gateways.changed() => if changed.is_err() { break },
+        }
+    }
+    for stop in running.values() {
+        let _ = stop.send(true);
+    }
+}
+
+/// Keeps the node's tunnel to one gateway up until `shutdown` turns true: dials, serves, and dials again after
 /// a pause that grows to 10 s while the coordinator cannot be reached.
 pub async fn run(
     coordinator: String,
@@ -83,8 +137,8 @@ pub async fn run(
             _ = shutdown.changed() => return,
             result = serve_once(&coordinator, &key, node_id, &routes, &replicas) => {
                 match result {
-                    Ok(()) => tracing::info!("the gateway's tunnel closed; dialling again"),
-                    Err(error) => tracing::warn!(%error, "the gateway's tunnel: dialling again"),
+                    Ok(()) => tracing::info!(gateway = coordinator, "the gateway's tunnel closed; dialling again"),
+                    Err(error) => tracing::warn!(gateway = coordinator, %error, "the gateway's tunnel: dialling again"),
                 }
             }
         }
@@ -128,7 +182,7 @@ async fn serve_once(
     if response.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
-        return Err(format!("the coordinator answered {status}: {text}"));
+        return Err(format!("the gateway answered {status}: {text}"));
     }
     let upgraded = response.upgrade().await.map_err(|error| error.to_string())?;
     tracing::info!("the gateway's tunnel is up");

@@ -521,6 +521,10 @@ pub struct HeartbeatResponse {
     /// named, answered with `POST /v1/agent/canaries`.
     #[serde(default)]
     pub canaries: Vec<CanaryOrder>,
+    /// Gateways running as their own processes (`fallow gateway`): the agent keeps a tunnel to
+    /// each, besides the one to the coordinator's own gateway.
+    #[serde(default)]
+    pub gateways: Vec<String>,
 }
 
 /// A known-answer benchmark the coordinator orders on a node (docs/trust-policy.md § 3).

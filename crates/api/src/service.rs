@@ -256,6 +256,97 @@ pub fn check_bounds(min: u32, max: Option<u32>) -> Result<(), InputError> {
     Ok(())
 }
 
+/// What a gateway running as its own process (`fallow gateway`) tells each coordinator it
+/// serves for, every second (`POST /v1/gateways`, an admin's key): where agents reach it, and
+/// what its callers got, so that `service show`, `/metrics` and the autoscaler count its
+/// traffic beside the coordinator's own.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayReport {
+    /// The URL agents dial for their tunnels (`http://` or `https://`).
+    pub url: String,
+    #[serde(default)]
+    pub region: String,
+    /// Each service's counts since the gateway started.
+    #[serde(default)]
+    pub services: Vec<GatewayServiceStats>,
+    /// Requests in flight at the gateway, by replica.
+    #[serde(default)]
+    pub in_flight: Vec<ReplicaLoad>,
+}
+
+/// A service's counts at one gateway since it started.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayServiceStats {
+    pub tenant_id: i64,
+    pub name: String,
+    pub requests: u64,
+    pub errors: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// The latency histogram's non-empty buckets (the gateway's buckets: each 10 % above the
+    /// last, from 50 µs).
+    #[serde(default)]
+    pub latency: Vec<LatencyBucket>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LatencyBucket {
+    pub bucket: u32,
+    pub count: u64,
+}
+
+/// Requests in flight to one replica (its lease).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaLoad {
+    pub lease_id: i64,
+    pub in_flight: u32,
+}
+
+/// A gateway that reported recently.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct GatewayView {
+    pub url: String,
+    pub region: String,
+    pub reported_ms_ago: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct GatewayList {
+    pub gateways: Vec<GatewayView>,
+}
+
+/// Where a gateway sends a caller's requests for a service (`GET /v1/gateway/services/{name}`,
+/// with the caller's own key): the service's ready replicas, and how long a request may wait
+/// for one.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct ServiceRoute {
+    pub tenant_id: i64,
+    pub replicas: Vec<RouteReplica>,
+    /// A request that finds no replica waits this long for one.
+    pub wake_timeout_s: u32,
+    /// What the controller last said of the service.
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct RouteReplica {
+    pub lease_id: i64,
+    pub node_id: i64,
+    pub region: String,
+    pub bronze: bool,
+}
+
+/// A node's public key, for a gateway checking the signature of its tunnel.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct GatewayNode {
+    pub node_id: i64,
+    pub public_key: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

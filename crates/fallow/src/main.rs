@@ -11,6 +11,7 @@ mod cmd_bench_repair;
 mod cmd_bench_serve;
 mod cmd_canary;
 mod cmd_dev;
+mod cmd_gateway;
 mod cmd_server;
 mod cmd_sim;
 
@@ -61,6 +62,9 @@ enum Command {
     Canary(cmd_canary::CanaryCommand),
     /// The coordinator: HTTP API, store and reconcile loop.
     Server(cmd_server::ServerArgs),
+    /// The gateway as its own process, beside the coordinator's: serves /s/{service}/… for
+    /// scale, several side by side.
+    Gateway(cmd_gateway::GatewayArgs),
     /// Simulations that drive the real matcher in virtual time.
     #[command(subcommand)]
     Sim(cmd_sim::SimCommand),
@@ -82,6 +86,7 @@ fn main() -> ExitCode {
         Command::Bench(command) => cmd_bench::run(command),
         Command::Canary(command) => cmd_canary::run(command),
         Command::Server(args) => cmd_server::run(args),
+        Command::Gateway(args) => cmd_gateway::run(args),
         Command::Sim(command) => cmd_sim::run(command),
     };
     match result {

@@ -13,19 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Scratch;
+use common::{Scratch, free_port};
 use serde_json::Value;
 
 const WITHIN: Duration = Duration::from_secs(40);
 /// The local image the container job runs (busybox-static, imported).
 const IMAGE: &str = "fallow-dev-test-busybox:1";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("a free port")
-}
 
 /// `fallow dev`, its stderr in a file of the scratch directory.
 struct Dev {

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::eventually;
 use common::world::{AgentProcess, PYTHON, World, skip};
+use common::{eventually, free_port};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -85,9 +85,21 @@ async fn complete_after(
     prompt: &str,
     delay_ms: u64,
 ) -> (StatusCode, Value) {
+    complete_at(world, &world.server.url, key, service, prompt, delay_ms).await
+}
+
+/// A completion through the gateway at `gateway`.
+async fn complete_at(
+    world: &World,
+    gateway: &str,
+    key: Option<&str>,
+    service: &str,
+    prompt: &str,
+    delay_ms: u64,
+) -> (StatusCode, Value) {
     let mut request = world
         .http
-        .post(format!("{}/s/{service}/v1/completions", world.server.url))
+        .post(format!("{gateway}/s/{service}/v1/completions"))
         .header("x-fallow-retry", "1")
         .json(&json!({"prompt": prompt, "max_tokens": 4, "delay_ms": delay_ms}));
     if let Some(key) = key {
@@ -110,9 +122,15 @@ async fn complete_after(
 
 /// The replicas (lease ids) that answered `tries` completions.
 async fn answering(world: &World, service: &str, tries: usize) -> BTreeSet<String> {
+    answering_at(world, &world.server.url, service, tries).await
+}
+
+/// The replicas that answered `tries` completions through the gateway at `gateway`.
+async fn answering_at(world: &World, gateway: &str, service: &str, tries: usize) -> BTreeSet<String> {
     let mut replicas = BTreeSet::new();
     for index in 0..tries {
-        let (status, body) = complete(world, Some(&world.tenant_key), service, &format!("hello {index}")).await;
+        let prompt = format!("hello {index}");
+        let (status, body) = complete_at(world, gateway, Some(&world.tenant_key), service, &prompt, 0).await;
         if status == StatusCode::OK {
             replicas.insert(body["replica"].as_str().unwrap_or("?").to_string());
         }
@@ -458,4 +476,180 @@ async fn a_service_scales_with_its_load_to_zero_and_back_and_survives_a_bad_roll
     fallow(&world, &["service", "delete", "auto"]);
     let (status, _) = complete(&world, Some(&world.tenant_key), "auto", "gone").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// `fallow gateway`, a gateway of its own, stopped when dropped.
+struct GatewayProcess {
+    url: String,
+    child: std::process::Child,
+}
+
+impl GatewayProcess {
+    fn start(world: &World, port: u16) -> GatewayProcess {
+        let log = std::fs::File::create(world.scratch.path.join(format!("gateway-{port}.log"))).expect("a log file");
+        let admin_key = world.server.admin_key().expect("the admin key");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_fallow"))
+            .args(["gateway", "--coordinator", &world.server.url])
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--region", "edge-1"])
+            .env("FALLOW_API_KEY", admin_key)
+            .env_remove("FALLOW_COORDINATOR")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().expect("clone the log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn fallow gateway");
+        GatewayProcess {
+            url: format!("http://127.0.0.1:{port}"),
+            child,
+        }
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_of_its_own_serves_beside_the_coordinator_and_is_rebuilt_from_it() {
+    if !Path::new(PYTHON).exists() {
+        skip("a_gateway_of_its_own_serves", &format!("{PYTHON} is missing"));
+        return;
+    }
+    let world = World::new("fallow_e2e_edge").await;
+    let agents = [
+        world.agent("edge-a", "process", "1.00", None),
+        world.agent("edge-b", "process", "1.00", None),
+    ];
+    world.nodes_online(2).await;
+    let logs = || {
+        let mut text: Vec<String> = agents.iter().map(AgentProcess::log_tail).collect();
+        text.push(world.server.log_tail());
+        text.join("\n")
+    };
+    let port = free_port();
+    let gateway = GatewayProcess::start(&world, port);
+    deploy(&world, "llm", &["--min-replicas", "2"]);
+    // The coordinator lists the gateway; the agents learn of it from their heartbeats and
+    // tunnel to it: both replicas answer through it.
+    let listed = eventually(Duration::from_secs(60), "the gateway reported", || async {
+        let list = world.admin_get("/v1/gateways").await;
+        (list["gateways"][0]["url"] == gateway.url.as_str()).then_some(list)
+    })
+    .await;
+    assert_eq!(listed["gateways"][0]["region"], "edge-1", "{listed}");
+    let both = eventually(
+        Duration::from_secs(120),
+        "both replicas answer through the gateway",
+        || async {
+            let replicas = answering_at(&world, &gateway.url, "llm", 8).await;
+            (replicas.len() == 2).then_some(replicas)
+        },
+    )
+    .await;
+    assert_eq!(both.len(), 2, "{}", logs());
+
+    // The same refusals as the coordinator's gateway: checked by the coordinator.
+    let (status, _) = complete_at(&world, &gateway.url, None, "llm", "hi", 0).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = complete_at(&world, &gateway.url, Some("fallow_bad_key"), "llm", "hi", 0).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, body) = complete_at(&world, &gateway.url, Some(&world.tenant_key), "nothing-here", "hi", 0).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = complete_at(&world, &gateway.url, Some(&world.provider_key), "llm", "hi", 0).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let service_key = world
+        .http
+        .post(format!("{}/v1/services/llm/keys", world.server.url))
+        .bearer_auth(&world.tenant_key)
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("a key")
+        .json::<Value>()
+        .await
+        .expect("the key's JSON");
+    let service_key = service_key["api_key"].as_str().expect("the key").to_string();
+    let (status, body) = complete_at(&world, &gateway.url, Some(&service_key), "llm", "by key", 0).await;
+    assert_eq!(status, StatusCode::OK, "the service's own key: {body}");
+    let unsigned = world
+        .http
+        .post(format!("{}/v1/agent/tunnel", gateway.url))
+        .header("connection", "upgrade")
+        .header("upgrade", "fallow-tunnel")
+        .body("{}")
+        .send()
+        .await
+        .expect("an answer to an unsigned tunnel");
+    assert_eq!(
+        unsigned.status(),
+        StatusCode::UNAUTHORIZED,
+        "a tunnel without a node's signature"
+    );
+
+    // Load through it; the coordinator counts it in the service's figures (the gateway
+    // reports each second: what it served so far has reached the coordinator after two).
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let before = world.get("/v1/services/llm").await;
+    let world = Arc::new(world);
+    let failures = Arc::new(AtomicUsize::new(0));
+    let mut callers = Vec::new();
+    for caller in 0..4 {
+        let (world, failures, url) = (world.clone(), failures.clone(), gateway.url.clone());
+        callers.push(tokio::spawn(async move {
+            for index in 0..100 {
+                let prompt = format!("caller {caller} asks {index}");
+                let (status, _) = complete_at(&world, &url, Some(&world.tenant_key), "llm", &prompt, 0).await;
+                if status != StatusCode::OK {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for caller in callers {
+        caller.await.expect("a caller ends");
+    }
+    assert_eq!(
+        failures.load(Ordering::Relaxed),
+        0,
+        "requests through the gateway failed"
+    );
+    let counted = eventually(
+        Duration::from_secs(30),
+        "the gateway's counts at the coordinator",
+        || async {
+            let view = world.get("/v1/services/llm").await;
+            let delta = view["requests"].as_u64().unwrap_or(0) - before["requests"].as_u64().unwrap_or(0);
+            (delta >= 400).then_some((delta, view))
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let view = world.get("/v1/services/llm").await;
+    let delta = |field: &str| view[field].as_u64().unwrap_or(0) - before[field].as_u64().unwrap_or(0);
+    assert_eq!(
+        (delta("requests"), delta("errors"), delta("tokens")),
+        (400, 0, 400 * 8),
+        "the coordinator counts what the gateway served, once: {} then {view}",
+        counted.1
+    );
+
+    // Stopped, the coordinator's own gateway serves on; started again, it is rebuilt from the
+    // coordinator (routes, node keys) and the agents' tunnels come back to it.
+    drop(gateway);
+    let (status, body) = complete(&world, Some(&world.tenant_key), "llm", "still here").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let gateway = GatewayProcess::start(&world, port);
+    let again = eventually(
+        Duration::from_secs(120),
+        "both replicas answer through the new gateway",
+        || async {
+            let replicas = answering_at(&world, &gateway.url, "llm", 8).await;
+            (replicas.len() == 2).then_some(replicas)
+        },
+    )
+    .await;
+    assert_eq!(again, both, "the same replicas, reached through new tunnels");
 }

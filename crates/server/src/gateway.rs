@@ -13,6 +13,7 @@
 //! nothing that cannot be rebuilt: tunnels come back when agents reconnect, the cache refills.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -60,6 +61,25 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// A ready replica as a coordinator tells a gateway running on its own.
+    pub fn of_route(replica: &api::RouteReplica) -> Endpoint {
+        Endpoint {
+            lease_id: replica.lease_id,
+            node_id: replica.node_id,
+            region: replica.region.clone(),
+            bronze: replica.bronze,
+        }
+    }
+
+    pub fn route(&self) -> api::RouteReplica {
+        api::RouteReplica {
+            lease_id: self.lease_id,
+            node_id: self.node_id,
+            region: self.region.clone(),
+            bronze: self.bronze,
+        }
+    }
+
     /// A ready replica as the store lists it.
     pub fn of(replica: &store::ServingLease) -> Endpoint {
         Endpoint {
@@ -153,6 +173,54 @@ impl Default for ServiceStats {
 }
 
 impl ServiceStats {
+    /// Adds `other`'s counts (another gateway's) to these.
+    fn add(&mut self, other: &ServiceStats) {
+        self.requests += other.requests;
+        self.errors += other.errors;
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        for (mine, theirs) in self.latency.iter_mut().zip(&other.latency) {
+            *mine += theirs;
+        }
+    }
+
+    /// These counts as a gateway reports them.
+    pub fn report(&self, tenant_id: i64, name: &str) -> api::GatewayServiceStats {
+        api::GatewayServiceStats {
+            tenant_id,
+            name: name.to_string(),
+            requests: self.requests,
+            errors: self.errors,
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            latency: self
+                .latency
+                .iter()
+                .enumerate()
+                .filter(|(_, count)| **count > 0)
+                .map(|(bucket, count)| api::LatencyBucket {
+                    bucket: bucket as u32,
+                    count: *count,
+                })
+                .collect(),
+        }
+    }
+
+    /// A gateway's reported counts (buckets past the last are counted in the last).
+    pub fn of_report(report: &api::GatewayServiceStats) -> ServiceStats {
+        let mut stats = ServiceStats {
+            requests: report.requests,
+            errors: report.errors,
+            prompt_tokens: report.prompt_tokens,
+            completion_tokens: report.completion_tokens,
+            ..ServiceStats::default()
+        };
+        for bucket in &report.latency {
+            stats.latency[(bucket.bucket as usize).min(LATENCY_BUCKETS - 1)] += bucket.count;
+        }
+        stats
+    }
+
     fn bucket(micros: f64) -> usize {
         if micros <= LATENCY_FIRST_US {
             return 0;
@@ -204,6 +272,17 @@ pub struct Outcome {
     pub tokens: Option<(u64, u64)>,
 }
 
+impl Outcome {
+    /// A request that got an error without reaching a replica, `started` when it came.
+    pub fn failed(started: Instant) -> Outcome {
+        Outcome {
+            error: true,
+            micros: started.elapsed().as_micros() as u64,
+            tokens: None,
+        }
+    }
+}
+
 /// The gateway's state: tunnels by node, requests in flight by lease, services' replicas cached.
 #[derive(Default)]
 pub struct Gateway {
@@ -219,7 +298,24 @@ pub struct Gateway {
     history: Mutex<HashMap<(i64, String), Samples>>,
     /// When a request last found a service scaled to zero and asked for a replica.
     wakes: Mutex<HashMap<(i64, String), Instant>>,
+    /// What gateways running as their own processes last reported, by their URL.
+    others: Mutex<HashMap<String, Other>>,
 }
+
+/// A gateway running as its own process, as it last reported.
+struct Other {
+    region: String,
+    at: Instant,
+    stats: HashMap<(i64, String), ServiceStats>,
+    in_flight: HashMap<i64, u32>,
+}
+
+/// A gateway that has not reported for this long is no longer given to agents, and its
+/// requests in flight no longer count.
+pub const OTHER_LIVE: Duration = Duration::from_secs(15);
+/// A gateway silent this long is forgotten, its counts with it (they are cumulative: while it
+/// is kept, a service's totals do not drop when it stops).
+pub const OTHER_KEPT: Duration = Duration::from_secs(600);
 
 /// Samples of a service's stats kept, at most (one a second: ten minutes).
 pub const HISTORY_SAMPLES_MAX: usize = 600;
@@ -294,18 +390,107 @@ impl Gateway {
         }
     }
 
-    /// A service's stats (default when it has had no request here).
+    /// A service's stats at this gateway and those that report to it (default when it has
+    /// had no request).
     pub fn stats(&self, tenant_id: i64, name: &str) -> ServiceStats {
-        let stats = self.stats.lock().expect("stats lock");
-        stats.get(&(tenant_id, name.to_string())).cloned().unwrap_or_default()
+        let key = (tenant_id, name.to_string());
+        let mut total = self
+            .stats
+            .lock()
+            .expect("stats lock")
+            .get(&key)
+            .cloned()
+            .unwrap_or_default();
+        for other in self.others.lock().expect("others lock").values() {
+            if let Some(theirs) = other.stats.get(&key) {
+                total.add(theirs);
+            }
+        }
+        total
     }
 
-    /// Every service's stats, by tenant and name.
+    /// Every service's stats, by tenant and name, with those of the gateways that report here.
     pub fn all_stats(&self) -> Vec<((i64, String), ServiceStats)> {
-        let stats = self.stats.lock().expect("stats lock");
-        let mut all: Vec<_> = stats.iter().map(|(key, value)| (key.clone(), value.clone())).collect();
+        let mut all: HashMap<(i64, String), ServiceStats> = self.stats.lock().expect("stats lock").clone();
+        for other in self.others.lock().expect("others lock").values() {
+            for (key, theirs) in &other.stats {
+                all.entry(key.clone()).or_default().add(theirs);
+            }
+        }
+        let mut all: Vec<_> = all.into_iter().collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
+    }
+
+    /// This gateway's own stats, as it reports them to the coordinators.
+    pub fn own_report(&self, url: &str, region: &str) -> api::GatewayReport {
+        let services = self
+            .stats
+            .lock()
+            .expect("stats lock")
+            .iter()
+            .map(|((tenant_id, name), stats)| stats.report(*tenant_id, name))
+            .collect();
+        let in_flight = self
+            .in_flight
+            .lock()
+            .expect("in-flight lock")
+            .iter()
+            .map(|(lease_id, counter)| api::ReplicaLoad {
+                lease_id: *lease_id,
+                in_flight: counter.load(Ordering::Relaxed),
+            })
+            .filter(|load| load.in_flight > 0)
+            .collect();
+        api::GatewayReport {
+            url: url.to_string(),
+            region: region.to_string(),
+            services,
+            in_flight,
+        }
+    }
+
+    /// Keeps what a gateway running on its own reported; forgets those silent past
+    /// `OTHER_KEPT`.
+    pub fn report(&self, report: &api::GatewayReport) {
+        let stats = report
+            .services
+            .iter()
+            .map(|service| {
+                (
+                    (service.tenant_id, service.name.clone()),
+                    ServiceStats::of_report(service),
+                )
+            })
+            .collect();
+        let in_flight = report
+            .in_flight
+            .iter()
+            .map(|load| (load.lease_id, load.in_flight))
+            .collect();
+        let mut others = self.others.lock().expect("others lock");
+        others.retain(|_, other| other.at.elapsed() < OTHER_KEPT);
+        others.insert(
+            report.url.clone(),
+            Other {
+                region: report.region.clone(),
+                at: Instant::now(),
+                stats,
+                in_flight,
+            },
+        );
+    }
+
+    /// The gateways that reported within `OTHER_LIVE`: (URL, region, since their report).
+    pub fn others(&self) -> Vec<(String, String, Duration)> {
+        let others = self.others.lock().expect("others lock");
+        let mut live: Vec<_> = others
+            .iter()
+            .filter(|(_, other)| other.at.elapsed() < OTHER_LIVE)
+            .map(|(url, other)| (url.clone(), other.region.clone(), other.at.elapsed()))
+            .collect();
+        live.sort();
+        live
     }
 
     /// Keeps a sample of a service's stats at `now` (µs), forgetting those past
@@ -344,6 +529,9 @@ impl Gateway {
         let key = (tenant_id, name.to_string());
         self.history.lock().expect("history lock").remove(&key);
         self.stats.lock().expect("stats lock").remove(&key);
+        for other in self.others.lock().expect("others lock").values_mut() {
+            other.stats.remove(&key);
+        }
         self.services.lock().expect("services lock").remove(&key);
         self.wakes.lock().expect("wakes lock").remove(&key);
     }
@@ -406,9 +594,18 @@ impl Gateway {
         endpoints
     }
 
-    /// Requests in flight to the replica of `lease_id`.
+    /// Requests in flight to the replica of `lease_id`, here and at the gateways that report
+    /// here.
     pub fn in_flight(&self, lease_id: i64) -> u32 {
-        self.counter(lease_id).load(Ordering::Relaxed)
+        let elsewhere: u32 = self
+            .others
+            .lock()
+            .expect("others lock")
+            .values()
+            .filter(|other| other.at.elapsed() < OTHER_LIVE)
+            .filter_map(|other| other.in_flight.get(&lease_id))
+            .sum();
+        self.counter(lease_id).load(Ordering::Relaxed) + elsewhere
     }
 
     /// Forgets the counters of replicas with nothing in flight (a counter at zero says nothing;
@@ -446,7 +643,11 @@ impl Gateway {
                 .region
                 .as_deref()
                 .is_none_or(|region| region == endpoint.region);
-            candidates.push((self.in_flight(endpoint.lease_id), near, endpoint.bronze));
+            candidates.push((
+                self.counter(endpoint.lease_id).load(Ordering::Relaxed),
+                near,
+                endpoint.bronze,
+            ));
             senders.push((endpoint.lease_id, &tunnel.sender));
         }
         let chosen = choose(&candidates, preference.low_priority)?;
@@ -547,6 +748,120 @@ impl Gateway {
         }
         Err(last_error.map_or(Unanswered::NoReplica, Unanswered::Failed))
     }
+}
+
+/// A request's service and where it goes on a replica: `/s/{service}/PATH?QUERY` is
+/// (`service`, `/PATH?QUERY`); a name no service can have is answered 404.
+pub fn service_path(uri: &Uri) -> Result<(String, String), Box<Response<Body>>> {
+    let rest = uri.path().strip_prefix("/s/").unwrap_or_default();
+    let (name, path) = match rest.find('/') {
+        Some(at) => (&rest[..at], &rest[at..]),
+        None => (rest, "/"),
+    };
+    if api::check_service_name("service", name).is_err() {
+        return Err(Box::new(answer(
+            StatusCode::NOT_FOUND,
+            &format!("no service {name:?}: a service's name is letters, digits and '-'"),
+        )));
+    }
+    let path_and_query = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_string(),
+    };
+    Ok((name.to_string(), path_and_query))
+}
+
+impl Gateway {
+    /// Sends a caller's request for `tenant_id`'s service `name` to one of `endpoints` (when
+    /// there is none, to those `wait` finds, or answers what `wait` says), and counts what the
+    /// caller got. `started` is when the request came.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn relay(
+        &self,
+        started: Instant,
+        tenant_id: i64,
+        name: &str,
+        endpoints: Arc<Vec<Endpoint>>,
+        wait: impl Future<Output = Result<Arc<Vec<Endpoint>>, Response<Body>>>,
+        path_and_query: &str,
+        parts: axum::http::request::Parts,
+        body: Body,
+    ) -> Response<Body> {
+        let endpoints = if endpoints.is_empty() {
+            match wait.await {
+                Ok(endpoints) => endpoints,
+                // No such service: nothing to count.
+                Err(response) if response.status() == StatusCode::NOT_FOUND => return response,
+                Err(response) => {
+                    self.record(tenant_id, name, Outcome::failed(started));
+                    return response;
+                }
+            }
+        } else {
+            endpoints
+        };
+        let body = match axum::body::to_bytes(body, REQUEST_BYTES_MAX).await {
+            Ok(body) => body,
+            Err(_) => {
+                return answer(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!("a request body is at most {REQUEST_BYTES_MAX} bytes"),
+                );
+            }
+        };
+        let forwarded = self
+            .forward(
+                &endpoints,
+                &Preference::of(&parts.headers),
+                parts.method,
+                path_and_query,
+                &parts.headers,
+                body,
+            )
+            .await;
+        let (response, tokens) = match forwarded {
+            Ok(answered) => answered,
+            Err(Unanswered::NoReplica) => (
+                answer(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!("no replica of {name:?} is reachable now (their nodes' tunnels are down)"),
+                ),
+                None,
+            ),
+            Err(Unanswered::Failed(error)) => (
+                answer(
+                    StatusCode::BAD_GATEWAY,
+                    &format!("no replica of {name:?} answered: {error}"),
+                ),
+                None,
+            ),
+        };
+        let outcome = Outcome {
+            error: response.status().is_server_error(),
+            micros: started.elapsed().as_micros() as u64,
+            tokens,
+        };
+        self.record(tenant_id, name, outcome);
+        response
+    }
+}
+
+/// How often a request waiting for a service's first replica looks again.
+pub const WAKE_POLL: Duration = Duration::from_millis(200);
+
+/// The 503 of a request that waited `wake_timeout_s` for a replica in vain.
+pub fn not_woken(name: &str, wake_timeout_s: u32, status: &str) -> Response<Body> {
+    let status = if status.is_empty() {
+        String::new()
+    } else {
+        format!(" ({status})")
+    };
+    answer(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!(
+            "no replica of {name:?} became ready within {wake_timeout_s} s{status}: `fallow service show {name}` says why"
+        ),
+    )
 }
 
 /// The prompt and completion tokens of an OpenAI-style answer's `usage` object.
@@ -743,6 +1058,48 @@ mod tests {
                 low_priority: true
             }
         );
+    }
+
+    #[test]
+    fn a_gateway_of_its_own_adds_its_counts_and_load_to_the_coordinators() {
+        let edge = Gateway::default();
+        for millis in [2u64, 40, 900] {
+            edge.record(
+                1,
+                "llm",
+                Outcome {
+                    error: millis == 900,
+                    micros: millis * 1000,
+                    tokens: Some((3, 4)),
+                },
+            );
+        }
+        let mut report = edge.own_report("http://edge:7080", "eu-west");
+        report.in_flight.push(api::ReplicaLoad {
+            lease_id: 7,
+            in_flight: 5,
+        });
+        let wire: api::GatewayReport =
+            serde_json::from_str(&serde_json::to_string(&report).expect("a report serializes")).expect("and parses");
+        let coordinator = Gateway::default();
+        coordinator.record(1, "llm", Outcome::default());
+        coordinator.report(&wire);
+        let stats = coordinator.stats(1, "llm");
+        assert_eq!((stats.requests, stats.errors, stats.prompt_tokens), (4, 1, 9));
+        let alone = edge.stats(1, "llm");
+        assert_eq!(
+            stats.quantile_ms(0.99),
+            alone.quantile_ms(0.99),
+            "the histogram crossed whole"
+        );
+        assert_eq!(coordinator.in_flight(7), 5, "the gateway's requests in flight count");
+        assert_eq!(coordinator.all_stats().len(), 1);
+        assert_eq!(coordinator.others()[0].0, "http://edge:7080");
+        // A second report replaces the first (counts are cumulative), never adds to it.
+        coordinator.report(&wire);
+        assert_eq!(coordinator.stats(1, "llm").requests, 4);
+        coordinator.forget(1, "llm");
+        assert_eq!(coordinator.stats(1, "llm").requests, 0, "a deleted service's counts go");
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod clock;
 mod config;
 mod dashboard;
 mod decide;
+mod edge;
 mod error;
 mod extract;
 mod fleet;
@@ -44,6 +45,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 pub use clock::{Clock, ManualClock, SystemClock, advance_clock_for_tests};
 pub use config::Config;
+pub use edge::{EdgeConfig, RunningEdge, start_edge};
 pub use error::ApiError;
 pub use state::AppState;
 
@@ -75,6 +77,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/nodes/{id}", get(routes::show_node))
         .route("/v1/nodes/{id}/policy", put(routes::set_policy))
         .route("/v1/agent/tunnel", post(routes::agent_tunnel))
+        .route("/v1/gateways", post(routes::report_gateway).get(routes::list_gateways))
+        .route("/v1/gateway/services/{name}", get(routes::service_route))
+        .route("/v1/gateway/nodes/{id}", get(routes::gateway_node))
         .route("/v1/services", post(routes::deploy_service).get(routes::list_services))
         .route(
             "/v1/services/{name}",

@@ -180,6 +180,8 @@ pub struct Agent<E: Executor> {
     /// This node's ready serving replicas, reached through the gateway's tunnel, and the
     /// health probes of those not ready yet (stopped with their replica).
     serving: crate::tunnel::Routes,
+    /// Gateways running on their own, from the last heartbeat answer: a tunnel to each.
+    gateways: watch::Sender<Vec<String>>,
     probes: HashMap<i64, watch::Sender<bool>>,
     /// Usage records the coordinator could not be reached for, oldest first: sent again when
     /// contact returns (each once per sequence; the coordinator bills it up to the lease's end).
@@ -281,6 +283,7 @@ impl<E: Executor> Agent<E> {
             heartbeat_timeout: None,
             guards: Guards::default(),
             serving: crate::tunnel::Routes::default(),
+            gateways: watch::channel(Vec::new()).0,
             probes: HashMap::new(),
             canaries: HashMap::new(),
             canaries_seen: std::collections::VecDeque::new(),
@@ -337,12 +340,13 @@ impl<E: Executor> Agent<E> {
             self.contact.clone(),
             shutdown.clone(),
         ));
-        // The gateway reaches this node's serving replicas through it; no inbound port.
-        tokio::spawn(crate::tunnel::run(
+        // The gateways reach this node's serving replicas through them; no inbound port.
+        tokio::spawn(crate::tunnel::keep(
             self.config.coordinator.clone(),
             Arc::clone(&self.key),
             self.node_id,
             self.serving.clone(),
+            self.gateways.subscribe(),
             shutdown.clone(),
         ));
         // Ends when the agent does (its contact sender with it), or with the process.
@@ -392,6 +396,13 @@ impl<E: Executor> Agent<E> {
                             // while a heartbeat answered late may carry an older set, which
                             // would stop a replica the newer one just started.
                             self.start_canaries(answer.canaries);
+                            self.gateways.send_if_modified(|gateways| {
+                                let changed = *gateways != answer.gateways;
+                                if changed {
+                                    gateways.clone_from(&answer.gateways);
+                                }
+                                changed
+                            });
                         }
                         Err(error) => tracing::warn!(%error, "heartbeat failed"),
                     }

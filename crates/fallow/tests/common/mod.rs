@@ -134,6 +134,14 @@ pub fn tail(path: &Path, bytes: u64) -> String {
     read_from(path, length.saturating_sub(bytes))
 }
 
+/// A local port free now (the kernel's choice), for a process the test starts on it.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free local port")
+        .port()
+}
+
 pub fn http() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()

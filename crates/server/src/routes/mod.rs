@@ -21,7 +21,7 @@ pub(crate) use admin::{
 };
 pub(crate) use agent::{heartbeat, lease_event, lease_log, lease_progress, poll_leases, rotate_node_key};
 pub(crate) use billing::{balance, invoice, own_balance, statement};
-pub(crate) use gateway::{agent_tunnel, serve};
+pub(crate) use gateway::{agent_tunnel, gateway_node, list_gateways, report_gateway, serve, service_route};
 pub(crate) use jobs::{cancel_job, job_logs, job_logs_page, jobs_page, list_jobs, quote_job, show_job, submit_job};
 pub(crate) use market::{health, market, market_index};
 pub(crate) use metrics::metrics;

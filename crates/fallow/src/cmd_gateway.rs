@@ -1,0 +1,63 @@
+//! `fallow gateway`: the gateway as its own process, beside the coordinator's own, for scale.
+//! It serves `/s/{service}/…` as the coordinator does, reports to the coordinators each second
+//! (agents learn its URL from their heartbeats and keep a tunnel to it), and keeps nothing that
+//! cannot be rebuilt from them: run several, behind a load balancer or in several regions.
+
+use anyhow::Context;
+use clap::Args;
+
+#[derive(Args)]
+pub struct GatewayArgs {
+    /// A coordinator's URL; repeat (or separate with commas) for every coordinator replica:
+    /// the gateway reports to each and asks the first that answers.
+    #[arg(long, env = "FALLOW_COORDINATOR", value_delimiter = ',', required = true)]
+    coordinator: Vec<String>,
+    /// Address to serve on.
+    #[arg(long, default_value = "127.0.0.1:7080", env = "FALLOW_GATEWAY_LISTEN")]
+    listen: String,
+    /// The URL agents dial for their tunnels (default: http:// and the address served on).
+    #[arg(long, env = "FALLOW_GATEWAY_URL")]
+    advertise: Option<String>,
+    /// The region the gateway serves from (shown to operators).
+    #[arg(long, default_value = "")]
+    region: String,
+    /// An admin's API key: the gateway reports with it and reads nodes' public keys.
+    #[arg(long, env = "FALLOW_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// A file holding the admin's API key (a coordinator's data directory's admin.key).
+    #[arg(long, conflicts_with = "api_key")]
+    api_key_file: Option<std::path::PathBuf>,
+}
+
+pub fn run(args: GatewayArgs) -> anyhow::Result<()> {
+    crate::cmd_server::init_logging();
+    let admin_key = match (args.api_key, args.api_key_file) {
+        (Some(key), _) => key,
+        (None, Some(path)) => {
+            std::fs::read_to_string(&path).with_context(|| format!("reading the admin key from {}", path.display()))?
+        }
+        (None, None) => anyhow::bail!(
+            "a gateway needs an admin's API key: --api-key-file DATA_DIR/admin.key, --api-key or FALLOW_API_KEY"
+        ),
+    };
+    let config = server::EdgeConfig {
+        listen: args.listen,
+        url: args.advertise,
+        region: args.region,
+        coordinators: args.coordinator,
+        admin_key: admin_key.trim().to_string(),
+        max_skew_ms: trust::DEFAULT_MAX_SKEW_MS,
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let running = server::start_edge(config).await.context("starting the gateway")?;
+        eprintln!(
+            "fallow: gateway listening on http://{} (services at /s/{{service}}/…)",
+            running.addr
+        );
+        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+        eprintln!("fallow: stopping");
+        running.stop().await;
+        Ok(())
+    })
+}
