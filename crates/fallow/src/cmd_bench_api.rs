@@ -177,6 +177,14 @@ fn print_summary(report: &Value) {
         field("submit_p50_ms"),
         field("submit_p99_ms")
     );
+    println!(
+        "grants:     {}/s, submit to grant p50 {} ms, p99 {} ms, not granted {}",
+        field("grants_per_sec"),
+        field("submit_to_grant_p50_ms"),
+        field("submit_to_grant_p99_ms"),
+        field("not_granted")
+    );
+    println!("registrations: {}/s", field("registrations_per_sec"));
     println!("errors: {}", field("errors"));
 }
 
@@ -264,6 +272,10 @@ async fn bench(args: &ApiArgs, heartbeat_rate: f64) -> anyhow::Result<Value> {
         listen: "127.0.0.1:0".to_string(),
         data_dir: data_dir.clone(),
         heartbeat_timeout_ms: args.heartbeat_timeout_ms,
+        // The fleet is new: no provider has the month of history the gold badge needs, so, as
+        // `fallow server --gold-without-badge` does for trials, gold work may go to any node;
+        // else the gold fifth of the job mix would only wait.
+        gold_needs_badge: false,
         ..server::Config::default()
     };
     let setup_started = Instant::now();
@@ -309,6 +321,8 @@ struct Fleet {
     tenant_key: String,
     node_ids: Vec<i64>,
     node_keys: Vec<NodeKey>,
+    /// Each submission's job and when its acknowledgement came (µs, the coordinator's clock).
+    acks: Mutex<Vec<(i64, i64)>>,
 }
 
 async fn drive(
@@ -370,6 +384,7 @@ async fn drive(
         tenant_key: tenant.api_key.api_key,
         node_ids,
         node_keys,
+        acks: Mutex::new(Vec::new()),
     });
 
     eprintln!(
@@ -406,7 +421,9 @@ async fn drive(
     };
     let beats = Arc::new(beats);
     let signing_secs = signing_started.elapsed().as_secs_f64();
+    running.state.metrics.grants.start();
     tokio::time::sleep_until(start.into()).await;
+    let start_us = server::now_us();
     let cpu_before = process_cpu_secs();
     let machine_before = machine_cpu_ticks();
     let counters_before = server_counters(running);
@@ -439,6 +456,7 @@ async fn drive(
     };
     let machine_after = machine_cpu_ticks();
     let wall_secs = start.elapsed().as_secs_f64();
+    let grants = grant_times(&fleet, running, start_us, duration).await;
     let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
 
     let mut report = json!({
@@ -472,6 +490,8 @@ async fn drive(
     heartbeats.report("heartbeat", "heartbeats", duration, &mut report);
     submits.report("submit", "submits", duration, &mut report);
     report["errors"] = errors;
+    report["registrations_per_sec"] = json!(round(args.nodes as f64 / registration_secs, 0));
+    grants.report(duration, &mut report);
     report["timed_wall_secs"] = json!(round(wall_secs, 2));
     let during: BTreeMap<&str, u64> = counters_after
         .iter()
@@ -800,6 +820,7 @@ async fn post_heartbeat(fleet: &Fleet, beat: &SignedBeat) -> Result<(), String> 
     answer(request.body(beat.body.clone()).send().await).await
 }
 
+/// Submits a job; keeps its id and when it was acknowledged, to time it to its grant.
 async fn send_submit(fleet: Arc<Fleet>, jobs: Arc<Vec<Vec<u8>>>, sequence: u64) -> Result<(), String> {
     let body = jobs[sequence as usize % jobs.len()].clone();
     let request = fleet
@@ -808,12 +829,115 @@ async fn send_submit(fleet: Arc<Fleet>, jobs: Arc<Vec<Vec<u8>>>, sequence: u64) 
         .bearer_auth(&fleet.tenant_key)
         .header("content-type", "application/json")
         .body(body);
-    answer(request.send().await).await
+    let answered = answer_body(request.send().await).await?;
+    let acked_at = server::now_us();
+    let id = serde_json::from_slice::<Value>(&answered)
+        .ok()
+        .and_then(|job| job["id"].as_i64())
+        .ok_or_else(|| "unreadable".to_string())?;
+    fleet.acks.lock().expect("ack lock").push((id, acked_at));
+    Ok(())
+}
+
+/// What the timed phase's submissions waited for their leases.
+struct Grants {
+    /// Placements committed in the timed phase.
+    in_phase: u64,
+    /// From each acknowledgement to its lease's commit, or to the horizon when not granted.
+    waits: Vec<Duration>,
+    not_granted: u64,
+}
+
+impl Grants {
+    fn report(mut self, window: Duration, report: &mut Value) {
+        self.waits.sort_unstable();
+        let millis = |quantile: f64| round(percentile(&self.waits, quantile).as_secs_f64() * 1000.0, 2);
+        report["grants_per_sec"] = json!(round(self.in_phase as f64 / window.as_secs_f64(), 1));
+        report["submit_to_grant_p50_ms"] = json!(millis(0.50));
+        report["submit_to_grant_p99_ms"] = json!(millis(0.99));
+        report["submit_to_grant_max_ms"] = json!(millis(1.0));
+        report["not_granted"] = json!(self.not_granted);
+    }
+}
+
+/// How long after the phase (or its last acknowledgement, if later) a job may be granted and
+/// count as granted.
+const GRANT_HORIZON: Duration = Duration::from_secs(1);
+
+/// Waits for the grant horizon, then times every acknowledged submission to its lease's commit
+/// (the coordinator's grant log). A job not granted by then counts as the time from its
+/// acknowledgement to the horizon.
+async fn grant_times(fleet: &Fleet, running: &server::Running, start_us: i64, window: Duration) -> Grants {
+    let window_end_us = start_us + window.as_micros() as i64;
+    let acks = std::mem::take(&mut *fleet.acks.lock().expect("ack lock"));
+    let last_ack = acks.iter().map(|(_, at)| *at).max().unwrap_or(window_end_us);
+    let horizon_us = window_end_us.max(last_ack) + GRANT_HORIZON.as_micros() as i64;
+    let wait_us = horizon_us - server::now_us();
+    if wait_us > 0 {
+        tokio::time::sleep(Duration::from_micros(wait_us as u64)).await;
+    }
+    let log = running.state.metrics.grants.taken();
+    grant_waits(&acks, &log, (start_us, window_end_us), horizon_us)
+}
+
+/// Each acknowledged submission `(job, acked at)` timed to its grant in `log` `(job, committed
+/// at)`, or to `horizon_us` when it had none by then; the grants committed in `phase`.
+fn grant_waits(acks: &[(i64, i64)], log: &[(i64, i64)], phase: (i64, i64), horizon_us: i64) -> Grants {
+    let in_phase = log.iter().filter(|(_, at)| (phase.0..=phase.1).contains(at)).count() as u64;
+    let granted: std::collections::HashMap<i64, i64> = log.iter().copied().collect();
+    let mut not_granted = 0;
+    let waits = acks
+        .iter()
+        .map(|(job, acked)| {
+            let until = match granted.get(job) {
+                Some(at) if *at <= horizon_us => *at,
+                _ => {
+                    not_granted += 1;
+                    horizon_us
+                }
+            };
+            Duration::from_micros(until.saturating_sub(*acked).max(0) as u64)
+        })
+        .collect();
+    Grants {
+        in_phase,
+        waits,
+        not_granted,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_submission_waits_until_its_grant_or_the_horizon() {
+        // Phase 0–10 s, horizon 11 s. Job 1 granted in the phase, job 2 after it but before
+        // the horizon, job 3 after the horizon, job 4 never.
+        let acks = [(1, 1_000_000), (2, 9_000_000), (3, 9_500_000), (4, 10_000_000)];
+        let log = [(1, 1_250_000), (2, 10_500_000), (3, 12_000_000)];
+        let grants = grant_waits(&acks, &log, (0, 10_000_000), 11_000_000);
+        assert_eq!(grants.in_phase, 1, "only job 1's grant committed in the phase");
+        assert_eq!(grants.not_granted, 2, "jobs 3 and 4");
+        let millis: Vec<u128> = grants.waits.iter().map(Duration::as_millis).collect();
+        assert_eq!(millis, vec![250, 1_500, 1_500, 1_000]);
+        let mut report = json!({});
+        grants.report(Duration::from_secs(10), &mut report);
+        assert_eq!(report["grants_per_sec"], 0.1);
+        assert_eq!(report["submit_to_grant_p50_ms"], 1_000.0);
+        assert_eq!(report["submit_to_grant_p99_ms"], 1_500.0);
+        assert_eq!(report["not_granted"], 2);
+    }
 }
 
 /// Reads the whole answer (so the connection is reused); `Err` names the failure: the status
 /// code, `timeout` or `transport`.
 async fn answer(sent: reqwest::Result<reqwest::Response>) -> Result<(), String> {
+    answer_body(sent).await.map(drop)
+}
+
+/// As `answer`, with the body of a successful answer.
+async fn answer_body(sent: reqwest::Result<reqwest::Response>) -> Result<bytes::Bytes, String> {
     let kind = |error: reqwest::Error| {
         if error.is_timeout() {
             "timeout".to_string()
@@ -825,7 +949,7 @@ async fn answer(sent: reqwest::Result<reqwest::Response>) -> Result<(), String> 
     let status = response.status();
     let body = response.bytes().await.map_err(kind)?;
     if status.is_success() {
-        Ok(())
+        Ok(body)
     } else {
         static SHOWN: AtomicUsize = AtomicUsize::new(0);
         if SHOWN.fetch_add(1, Ordering::Relaxed) < 5 {

@@ -67,6 +67,36 @@ pub struct Metrics {
     pub is_leader: AtomicU64,
     pub lease_grant: Histogram,
     pub lease_pickup: Histogram,
+    /// Each placement's job and when its write committed, while switched on (`bench api`).
+    pub grants: GrantLog,
+}
+
+/// Which jobs were granted leases, and when their placement committed (µs on the coordinator's
+/// clock): kept only while on, for a benchmark to time every submission to its grant.
+#[derive(Default)]
+pub struct GrantLog {
+    on: std::sync::atomic::AtomicBool,
+    granted: std::sync::Mutex<Vec<(i64, i64)>>,
+}
+
+impl GrantLog {
+    /// Starts keeping grants (forgetting any kept).
+    pub fn start(&self) {
+        self.granted.lock().expect("grant log lock").clear();
+        self.on.store(true, Ordering::Relaxed);
+    }
+
+    /// Job `job_id` was granted its leases, committed at `at`.
+    pub fn granted(&self, job_id: i64, at: i64) {
+        if self.on.load(Ordering::Relaxed) {
+            self.granted.lock().expect("grant log lock").push((job_id, at));
+        }
+    }
+
+    /// The grants kept so far: (job, committed at µs).
+    pub fn taken(&self) -> Vec<(i64, i64)> {
+        self.granted.lock().expect("grant log lock").clone()
+    }
 }
 
 impl Metrics {
@@ -78,6 +108,19 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grants_are_kept_only_once_started() {
+        let log = GrantLog::default();
+        log.granted(1, 10);
+        assert!(log.taken().is_empty(), "off until started");
+        log.start();
+        log.granted(2, 20);
+        log.granted(3, 30);
+        assert_eq!(log.taken(), vec![(2, 20), (3, 30)]);
+        log.start();
+        assert!(log.taken().is_empty(), "a start forgets what was kept");
+    }
 
     #[test]
     fn a_histogram_renders_cumulative_buckets_a_sum_and_a_count() {

@@ -531,7 +531,9 @@ async fn repair_gang(state: &AppState, job_id: i64, lost: &[model::Lease], now: 
 /// pure, over the view → write (placements in group-committed transactions of
 /// `PLACEMENTS_PER_COMMIT_MAX`, then the reasons of jobs that wait, where they changed).
 async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, String>) -> Result<(), ApiError> {
+    let started = Instant::now();
     let mut queued = state.store.jobs_in_states(&[JobState::Queued]).await?;
+    let read = started.elapsed();
     if queued.is_empty() {
         return Ok(());
     }
@@ -559,7 +561,17 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
     for pending in &decisions.pending {
         reasons.remove(&pending.job_id);
     }
+    let decided = started.elapsed();
+    let placing = decisions.pending.len();
     write_placements(state, decisions.writes, decisions.pending, now).await?;
+    tracing::debug!(
+        queued = queued.len(),
+        placing,
+        read_ms = read.as_millis() as u64,
+        decide_ms = (decided - read).as_millis() as u64,
+        write_ms = (started.elapsed() - decided).as_millis() as u64,
+        "placed"
+    );
     let mut reason_updates = decisions.waiting;
     reason_updates.retain(|(job, reason)| reasons.get(job) != Some(reason));
     if !reason_updates.is_empty() {
@@ -592,6 +604,7 @@ async fn write_placements(
                 .commit_placements(writes, now, state.fence.load(std::sync::atomic::Ordering::SeqCst))
                 .await
         };
+        let committed_at = state.now_us();
         let mut guard = state.view.lock().await;
         let view = guard.as_mut().expect("built before placing");
         match result {
@@ -599,6 +612,7 @@ async fn write_placements(
                 for (outcome, pending) in results.into_iter().zip(pending) {
                     match outcome {
                         Some(records) => {
+                            state.metrics.grants.granted(pending.job_id, committed_at);
                             Metrics::add(&state.metrics.placements, 1);
                             state.metrics.lease_grant.observe_us(now - pending.submitted_at);
                             Metrics::add(&state.metrics.leases_granted, records.len() as u64);
