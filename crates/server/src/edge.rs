@@ -21,7 +21,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{any, get, post};
 use tokio::sync::watch;
 use trust::NonceCache;
@@ -97,6 +97,15 @@ impl RunningEdge {
 pub async fn start_edge(config: EdgeConfig) -> std::io::Result<RunningEdge> {
     if config.coordinators.is_empty() {
         return Err(std::io::Error::other("a gateway needs at least one --coordinator URL"));
+    }
+    if let Some(bad) = config
+        .coordinators
+        .iter()
+        .find(|url| !(url.starts_with("http://") || url.starts_with("https://")))
+    {
+        return Err(std::io::Error::other(format!(
+            "--coordinator {bad:?} is not an http:// or https:// URL"
+        )));
     }
     let listener = tokio::net::TcpListener::bind(&config.listen).await?;
     let addr = listener.local_addr()?;
@@ -355,12 +364,7 @@ async fn tunnel(State(edge): State<Arc<Edge>>, request: Request) -> Response {
         tracing::warn!(node = signed.node_id, %error, "a tunnel was refused");
         return answer(StatusCode::UNAUTHORIZED, &error.to_string());
     }
-    edge.gateway.accept(signed.node_id, upgrade);
-    let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
-    let headers = response.headers_mut();
-    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    headers.insert(header::UPGRADE, HeaderValue::from_static(TUNNEL_PROTOCOL));
-    response
+    edge.gateway.accept(signed.node_id, upgrade)
 }
 
 /// A caller's request for a service, as the coordinator's own gateway serves it.

@@ -331,8 +331,9 @@ pub enum Unanswered {
 
 impl Gateway {
     /// Takes over an upgraded connection from node `node_id` as its tunnel: the gateway's HTTP/2
-    /// client runs over it until it closes (a newer tunnel of the node replaces it).
-    pub fn accept(self: &Arc<Self>, node_id: i64, upgrade: hyper::upgrade::OnUpgrade) {
+    /// client runs over it until it closes (a newer tunnel of the node replaces it). Returns
+    /// the 101 answer that hands the connection over.
+    pub fn accept(self: &Arc<Self>, node_id: i64, upgrade: hyper::upgrade::OnUpgrade) -> Response<Body> {
         let gateway = Arc::clone(self);
         tokio::spawn(async move {
             let upgraded = match upgrade.await {
@@ -375,6 +376,12 @@ impl Gateway {
                 tunnels.remove(&node_id);
             }
         });
+        let mut response = Response::new(Body::empty());
+        *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let headers = response.headers_mut();
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static(TUNNEL_PROTOCOL));
+        response
     }
 
     /// Counts a request to `tenant_id`'s service `name`.

@@ -7,7 +7,7 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use std::sync::Arc;
@@ -44,12 +44,7 @@ impl FromRequestParts<Arc<AppState>> for Upgrade {
 /// An agent's tunnel: once the 101 answer is sent, the connection is the gateway's HTTP/2
 /// client to the agent.
 pub async fn agent_tunnel(State(state): AppStateRef, Upgrade(upgrade): Upgrade, signed: Signed<Value>) -> Response {
-    state.gateway.accept(signed.node_id, upgrade);
-    let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
-    let headers = response.headers_mut();
-    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    headers.insert(header::UPGRADE, HeaderValue::from_static(TUNNEL_PROTOCOL));
-    response
+    state.gateway.accept(signed.node_id, upgrade)
 }
 
 /// A service's ready replicas: from the gateway's cache while fresh, else from the store.
