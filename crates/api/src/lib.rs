@@ -400,6 +400,25 @@ pub struct NodeRegistration {
     pub nvlink_detected: String,
 }
 
+/// The most nodes one `POST /v1/nodes/batch` registers.
+pub const NODE_BATCH_MAX: usize = 1_000;
+/// The largest body of a `POST /v1/nodes/batch` (other requests: [`REQUEST_BODY_BYTES_MAX`]).
+pub const NODE_BATCH_BODY_BYTES_MAX: usize = 2 * 1024 * 1024;
+
+/// Nodes registered in one request, all or none (a fleet's operator registering racks).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeBatchRegistration {
+    /// 1 to [`NODE_BATCH_MAX`] nodes, each as `POST /v1/nodes` takes it.
+    pub nodes: Vec<NodeRegistration>,
+}
+
+/// The nodes a batch registered, in the order given.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct NodeBatchView {
+    pub nodes: Vec<NodeView>,
+}
+
 fn network_default() -> u32 {
     10_000
 }

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use api::{
-    CreditRequest, GpuTelemetry, HeartbeatRequest, JobRequest, NewAccountRequest, NewAccountResponse, NodeRegistration,
-    NodeView, PolicyDoc,
+    CreditRequest, GpuTelemetry, HeartbeatRequest, JobRequest, NewAccountRequest, NewAccountResponse,
+    NodeBatchRegistration, NodeBatchView, NodeRegistration, PolicyDoc,
 };
 use clap::Args;
 use rand::{RngExt, SeedableRng};
@@ -34,8 +34,8 @@ const NODES_PER_FABRIC: usize = 128;
 const SITES_PER_REGION: usize = 4;
 /// Share of nodes, in thousandths, that also sell gold (all sell silver and bronze).
 const GOLD_SELLERS_PERMILLE: u32 = 300;
-/// Registrations and warm-up heartbeats in flight during setup.
-const SETUP_IN_FLIGHT_MAX: usize = 64;
+/// Registration batches in flight at once during setup.
+const REGISTER_BATCHES_IN_FLIGHT: usize = 4;
 /// Warm-up heartbeats in flight (closed loop, as fast as the server answers).
 const WARMUP_IN_FLIGHT_MAX: usize = 512;
 /// The most requests of one kind the timed phase may keep in flight (`--in-flight`).
@@ -607,30 +607,41 @@ fn fleet_registrations(nodes: usize, seed: u64, keys: &[NodeKey]) -> Vec<NodeReg
     registrations
 }
 
-/// Registers every node, `SETUP_IN_FLIGHT_MAX` at a time; returns the node ids in order.
+/// Registers every node in batches of `api::NODE_BATCH_MAX` (`POST /v1/nodes/batch`),
+/// `REGISTER_BATCHES_IN_FLIGHT` at a time, as a fleet's operator would; returns the node ids in
+/// order.
 async fn register_nodes(
     client: &reqwest::Client,
     base: &str,
     provider_key: &str,
     registrations: Vec<NodeRegistration>,
 ) -> anyhow::Result<Vec<i64>> {
-    let registrations = Arc::new(registrations);
+    let batches: Arc<Vec<Vec<NodeRegistration>>> = Arc::new(
+        registrations
+            .chunks(api::NODE_BATCH_MAX)
+            .map(<[NodeRegistration]>::to_vec)
+            .collect(),
+    );
     let ids = Arc::new(Mutex::new(vec![0i64; registrations.len()]));
     let next = Arc::new(AtomicUsize::new(0));
     let progress = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..SETUP_IN_FLIGHT_MAX {
-        let (client, url, key) = (client.clone(), format!("{base}/v1/nodes"), provider_key.to_string());
-        let (registrations, ids, next, progress) = (registrations.clone(), ids.clone(), next.clone(), progress.clone());
+    for _ in 0..REGISTER_BATCHES_IN_FLIGHT {
+        let (client, url, key) = (
+            client.clone(),
+            format!("{base}/v1/nodes/batch"),
+            provider_key.to_string(),
+        );
+        let (batches, ids, next, progress) = (batches.clone(), ids.clone(), next.clone(), progress.clone());
         workers.spawn(async move {
             loop {
                 let index = next.fetch_add(1, Ordering::Relaxed);
-                let Some(registration) = registrations.get(index) else {
+                let Some(nodes) = batches.get(index) else {
                     return anyhow::Ok(());
                 };
-                let body = serde_json::to_vec(registration)?;
-                let answer = with_retries(&format!("registering node {index}"), || {
+                let body = serde_json::to_vec(&NodeBatchRegistration { nodes: nodes.clone() })?;
+                let answer = with_retries(&format!("registering batch {index}"), || {
                     client
                         .post(&url)
                         .bearer_auth(&key)
@@ -639,12 +650,23 @@ async fn register_nodes(
                         .send()
                 })
                 .await?;
-                let view: NodeView = serde_json::from_slice(&answer).context("reading a registered node")?;
-                ids.lock().expect("node id lock")[index] = view.id;
-                let done = progress.fetch_add(1, Ordering::Relaxed) + 1;
-                if done % 25_000 == 0 {
+                let view: NodeBatchView = serde_json::from_slice(&answer).context("reading registered nodes")?;
+                ensure!(
+                    view.nodes.len() == nodes.len(),
+                    "batch {index}: {} nodes registered of {}",
+                    view.nodes.len(),
+                    nodes.len()
+                );
+                let first = index * api::NODE_BATCH_MAX;
+                ids.lock().expect("node id lock")[first..first + nodes.len()]
+                    .iter_mut()
+                    .zip(&view.nodes)
+                    .for_each(|(id, node)| *id = node.id);
+                let before = progress.fetch_add(nodes.len(), Ordering::Relaxed);
+                if (before + nodes.len()) / 25_000 > before / 25_000 {
                     eprintln!(
-                        "fallow bench api: registered {done} nodes in {:.1} s",
+                        "fallow bench api: registered {} nodes in {:.1} s",
+                        before + nodes.len(),
                         started.elapsed().as_secs_f64()
                     );
                 }

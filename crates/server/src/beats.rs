@@ -56,6 +56,18 @@ pub fn persist(config: &Config, leading: bool) -> Persist {
     }
 }
 
+/// A node's own interval between routine writes of its row: `every_us` less up to half of it,
+/// by node. Rows written together (a fleet's first heartbeats after a start or a failover)
+/// would otherwise all come due again in the same second, `every_us` later, and keep the
+/// writers' turn from submissions and placements; spread, they come due over half an interval
+/// and drift further apart with each write.
+fn spread_every(every_us: i64, node: i64) -> i64 {
+    // Fibonacci hashing: consecutive node ids land far apart in [0, 1).
+    let share = (node as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11;
+    let share = share as f64 / (1u64 << 53) as f64;
+    every_us - (every_us as f64 * share / 2.0) as i64
+}
+
 /// What this replica last heard from one node.
 struct Beat {
     at: i64,
@@ -161,7 +173,7 @@ impl Beats {
             || quiet >= 2 * persist.every_us;
         beat.at = now;
         beat.telemetry = telemetry;
-        if urgent || quiet >= persist.every_us {
+        if urgent || quiet >= spread_every(persist.every_us, node) {
             table.mark_due(node);
         }
         drop(table);
@@ -368,6 +380,23 @@ mod tests {
             UTILISATION_SAMPLES_KEPT,
             "only the last heartbeats are kept"
         );
+    }
+
+    #[test]
+    fn rows_written_together_come_due_spread_over_half_an_interval() {
+        let every = 60_000_000;
+        let mut buckets = [0usize; 10];
+        for node in 1..=10_000 {
+            let own = spread_every(every, node);
+            assert!((every / 2..=every).contains(&own), "node {node}: {own}");
+            buckets[((every - own) * 20 / every).min(9) as usize] += 1;
+        }
+        for (bucket, count) in buckets.iter().enumerate() {
+            assert!(
+                (800..=1_200).contains(count),
+                "tenth {bucket} of the spread holds {count} of 10,000"
+            );
+        }
     }
 
     #[test]

@@ -171,7 +171,7 @@ impl<T: DeserializeOwned, const IDEMPOTENT: bool> FromRequest<Arc<AppState>> for
         let node_id = headers.node_id;
         let identity = state.node_identity(node_id).await?;
         let now_ms = state.now_us() / 1000;
-        if let Err(error) = trust::verify_request(
+        let checked = match trust::prepare_request(
             &identity.key,
             node_id,
             &method,
@@ -181,6 +181,16 @@ impl<T: DeserializeOwned, const IDEMPOTENT: bool> FromRequest<Arc<AppState>> for
             now_ms,
             state.config.max_skew_ms,
         ) {
+            Ok(check) => {
+                if state.signatures.verify(check).await {
+                    Ok(())
+                } else {
+                    Err(trust::TrustError::BadSignature)
+                }
+            }
+            Err(error) => Err(error),
+        };
+        if let Err(error) = checked {
             Metrics::add(&state.metrics.signatures_refused, 1);
             if matches!(error, trust::TrustError::BadSignature) {
                 let _ = state

@@ -27,6 +27,7 @@ mod rendezvous;
 mod reputation;
 mod routes;
 mod services;
+mod signatures;
 mod state;
 mod usage;
 mod wire;
@@ -74,6 +75,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/statement", get(routes::statement))
         .route("/v1/invoices", get(routes::invoice))
         .route("/v1/nodes", post(routes::register_node).get(routes::list_nodes))
+        .route(
+            "/v1/nodes/batch",
+            post(routes::register_nodes).layer(DefaultBodyLimit::max(api::NODE_BATCH_BODY_BYTES_MAX)),
+        )
         .route("/v1/nodes/{id}", get(routes::show_node))
         .route("/v1/nodes/{id}/policy", put(routes::set_policy))
         .route("/v1/agent/tunnel", post(routes::agent_tunnel))

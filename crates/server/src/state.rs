@@ -50,6 +50,8 @@ pub struct AppState {
     funded: Mutex<HashMap<i64, Instant>>,
     nodes: Mutex<HashMap<i64, NodeIdentity>>,
     pub nonce_cache: Mutex<NonceCache>,
+    /// Agents' signatures, verified in batches (`signatures`).
+    pub signatures: crate::signatures::Signatures,
     pub nonces: Batcher<(i64, String, i64), bool>,
     pub beats: Beats,
     /// The gateway's tunnels, requests in flight and services' replicas (`gateway`).
@@ -131,6 +133,7 @@ impl AppState {
         });
         AppState {
             store,
+            signatures: crate::signatures::Signatures::start(),
             nonce_cache: Mutex::new(NonceCache::new(
                 config.max_skew_ms.saturating_mul(2),
                 trust::NONCES_MAX,

@@ -8,8 +8,9 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{Agent, Harness, job_request, live_leases, on_every_backend};
+use common::{Agent, Harness, job_request, live_leases, node_registration, on_every_backend};
 use serde_json::{Value, json};
+use trust::NodeKey;
 
 /// A gang of `replicas` GB200 replicas of 4 GPUs each in one NVLink domain.
 fn nvlink_gang(name: &str, replicas: u32) -> Value {
@@ -144,6 +145,130 @@ async fn an_nvl72_rack_takes_18_replicas_of_4_and_explains_a_19th() {
             assert_eq!(lease["gpu_milli"], 1000, "{}: {lease}", h.backend);
             assert_eq!(lease["gpu_model"], "GB200", "{}: {lease}", h.backend);
         }
+    })
+    .await;
+}
+
+/// A rack's registration in one batch: `count` nodes of 4 GB200 GPUs, fresh keys.
+fn rack_batch(rack: &str, count: usize) -> Vec<Value> {
+    (0..count)
+        .map(|index| {
+            let mut registration = node_registration(&NodeKey::generate(), &format!("{rack}-{index:02}"));
+            registration["gpu_model"] = json!("GB200");
+            registration["gpu_count"] = json!(4);
+            registration["nvlink_domain"] = json!(rack);
+            registration
+        })
+        .collect()
+}
+
+async fn node_names(h: &Harness, provider: &common::Account) -> BTreeSet<String> {
+    let nodes = h
+        .get(&provider.key, "/v1/nodes")
+        .await
+        .expect(200, "provider lists its nodes");
+    nodes
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|node| node["name"].as_str().expect("name").to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rack_registers_in_one_batch_all_or_none() {
+    on_every_backend(async |h: &Harness| {
+        let provider = h.provider("rack-batch").await;
+        let tenant = h.tenant("rack-batch-tenant").await;
+
+        let rack = rack_batch("rack-9", 18);
+        let registered = h
+            .post(&provider.key, "/v1/nodes/batch", json!({"nodes": rack}))
+            .await
+            .expect(201, "provider registers a rack in one batch");
+        let nodes = registered["nodes"].as_array().expect("nodes");
+        assert_eq!(nodes.len(), 18, "{}: every node of the batch", h.backend);
+        for (index, node) in nodes.iter().enumerate() {
+            assert_eq!(
+                node["name"],
+                json!(format!("rack-9-{index:02}")),
+                "{}: in the order given",
+                h.backend
+            );
+            assert_eq!(node["nvlink_domain"], json!("rack-9"));
+        }
+        let ids: BTreeSet<i64> = nodes.iter().map(|node| node["id"].as_i64().expect("id")).collect();
+        assert_eq!(ids.len(), 18, "{}: eighteen distinct ids", h.backend);
+        let before = node_names(h, &provider).await;
+        assert_eq!(before.len(), 18);
+
+        // One bad node refuses the whole batch, and the error says which.
+        let mut bad = rack_batch("rack-10", 3);
+        bad[1]["gpu_count"] = json!(17);
+        let message = h
+            .post(&provider.key, "/v1/nodes/batch", json!({"nodes": bad}))
+            .await
+            .refused(400, "a batch with a bad node");
+        assert!(message.starts_with("nodes[1]: gpu_count"), "{}: {message}", h.backend);
+
+        // A name already registered: the store refuses it inside the transaction, and the
+        // nodes before it in the batch are not kept either.
+        let mut clash = rack_batch("rack-11", 3);
+        clash[2]["name"] = json!("rack-9-05");
+        let reply = h.post(&provider.key, "/v1/nodes/batch", json!({"nodes": clash})).await;
+        assert_eq!(reply.status, 409, "{}: {}", h.backend, reply.text);
+
+        // Two nodes of one batch with one name.
+        let mut twins = rack_batch("rack-12", 2);
+        twins[1]["name"] = twins[0]["name"].clone();
+        let message = h
+            .post(&provider.key, "/v1/nodes/batch", json!({"nodes": twins}))
+            .await
+            .refused(409, "two nodes of a batch with one name");
+        assert!(
+            message.contains("nodes[1]") && message.contains("nodes[0]"),
+            "{}: {message}",
+            h.backend
+        );
+
+        // NVML's fabric is checked between the nodes of one batch, as against registered ones.
+        let mut split = rack_batch("rack-13", 2);
+        split[0]["nvlink_detected"] = json!("nvl-aaaa-1");
+        split[1]["nvlink_detected"] = json!("nvl-bbbb-1");
+        let message = h
+            .post(&provider.key, "/v1/nodes/batch", json!({"nodes": split}))
+            .await
+            .refused(400, "a batch whose domain NVML splits");
+        assert!(
+            message.starts_with("nodes[1]: nvlink_domain") && message.contains("rack-13-00"),
+            "{}: {message}",
+            h.backend
+        );
+
+        let message = h
+            .post(&provider.key, "/v1/nodes/batch", json!({"nodes": []}))
+            .await
+            .refused(400, "an empty batch");
+        assert!(message.contains("1–1000"), "{}: {message}", h.backend);
+        let reply = h
+            .post(
+                &tenant.key,
+                "/v1/nodes/batch",
+                json!({"nodes": rack_batch("rack-14", 1)}),
+            )
+            .await;
+        assert_eq!(
+            reply.status, 403,
+            "{}: a tenant registers no nodes: {}",
+            h.backend, reply.text
+        );
+
+        assert_eq!(
+            node_names(h, &provider).await,
+            before,
+            "{}: no refused batch left a node behind",
+            h.backend
+        );
     })
     .await;
 }

@@ -55,17 +55,32 @@ fn node_from(row: &AnyRow) -> Result<NodeRecord> {
     })
 }
 
-impl Store {
-    pub async fn insert_node(&self, node: &NewNode, now: i64) -> Result<NodeRecord> {
-        let row = sqlx::query(
-            "INSERT INTO nodes (provider_id, name, public_key, fingerprint, region, site, fabric, nvlink_domain, \
-             latitude, longitude, gpu_model, gpu_count, cpu_milli, memory_mib, network_mbit_s, simulated, policy, \
-             datasets, registered_at, updated_at, online, runtimes, advertise_addr, gang_ports, nvlink_source, \
-             nvlink_detected, location_source) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $19, 0, $20, \
-             $21, $22, $23, $24, $25) \
-             RETURNING id",
-        )
+/// The columns `insert_node` writes, and the parameters of one row: `$19` is both
+/// `registered_at` and `updated_at`, and `online` starts at 0.
+const INSERT_NODE_COLUMNS: &str = "provider_id, name, public_key, fingerprint, region, site, fabric, nvlink_domain, \
+     latitude, longitude, gpu_model, gpu_count, cpu_milli, memory_mib, network_mbit_s, simulated, policy, \
+     datasets, registered_at, updated_at, online, runtimes, advertise_addr, gang_ports, nvlink_source, \
+     nvlink_detected, location_source";
+const INSERT_NODE_PARAMETERS: usize = 25;
+/// Nodes per `INSERT` of a batch (25 parameters each; SQLite allows 32,766 in a statement).
+const NODES_PER_STATEMENT_MAX: usize = 500;
+
+/// `($1, …, $25)` for the `row`-th row of an insert, as `insert_node_query` numbers them.
+fn insert_node_values(row: usize) -> String {
+    let p = |n: usize| format!("${}", row * INSERT_NODE_PARAMETERS + n);
+    let mut values: Vec<String> = (1..=19).map(p).collect();
+    values.push(p(19));
+    values.push("0".to_string());
+    values.extend((20..=25).map(p));
+    format!("({})", values.join(", "))
+}
+
+fn bind_node<'q>(
+    query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    node: &'q NewNode,
+    now: i64,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+    query
         .bind(node.provider_id)
         .bind(&node.name)
         .bind(&node.public_key)
@@ -91,27 +106,90 @@ impl Store {
         .bind(&node.nvlink_source)
         .bind(&node.nvlink_detected)
         .bind(&node.location_source)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|error| {
-            if is_unique_violation(&error) {
-                StoreError::Conflict(format!("node {:?} of this provider, or its public key,", node.name))
-            } else {
-                error.into()
+}
+
+fn node_conflict(error: sqlx::Error, nodes: &[NewNode]) -> StoreError {
+    if is_unique_violation(&error) {
+        let names: Vec<&str> = nodes.iter().map(|node| node.name.as_str()).collect();
+        let what = match names.as_slice() {
+            [one] => format!("node {one:?} of this provider, or its public key,"),
+            many => format!(
+                "one of nodes {:?}…{:?} of this provider, or its public key,",
+                many.first().copied().unwrap_or_default(),
+                many.last().copied().unwrap_or_default()
+            ),
+        };
+        StoreError::Conflict(what)
+    } else {
+        error.into()
+    }
+}
+
+/// A node as `insert_node` leaves it: registered, never heard from.
+fn new_node_record(id: i64, node: &NewNode, now: i64) -> NodeRecord {
+    NodeRecord {
+        id,
+        node: node.clone(),
+        fingerprint_changed_at: None,
+        registered_at: now,
+        updated_at: now,
+        last_heartbeat_at: None,
+        online: false,
+        telemetry: None,
+        over_limit_since: None,
+        fraud_cordoned_at: None,
+    }
+}
+
+impl Store {
+    pub async fn insert_node(&self, node: &NewNode, now: i64) -> Result<NodeRecord> {
+        let query = format!(
+            "INSERT INTO nodes ({INSERT_NODE_COLUMNS}) VALUES {} RETURNING id",
+            insert_node_values(0)
+        );
+        let row = bind_node(sqlx::query(sqlx::AssertSqlSafe(query)), node, now)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|error| node_conflict(error, std::slice::from_ref(node)))?;
+        Ok(new_node_record(row.try_get("id")?, node, now))
+    }
+
+    /// Registers one provider's `nodes` in one transaction, all or none, and returns them in the
+    /// order given. The rows go in by the `NODES_PER_STATEMENT_MAX`; a conflict names the
+    /// statement's first node.
+    pub async fn insert_nodes(&self, nodes: &[NewNode], now: i64) -> Result<Vec<NodeRecord>> {
+        let mut transaction = self.begin_write().await?;
+        let mut records = Vec::with_capacity(nodes.len());
+        for chunk in nodes.chunks(NODES_PER_STATEMENT_MAX) {
+            let values: Vec<String> = (0..chunk.len()).map(insert_node_values).collect();
+            let query = format!(
+                "INSERT INTO nodes ({INSERT_NODE_COLUMNS}) VALUES {} RETURNING id, provider_id, name",
+                values.join(", ")
+            );
+            let mut insert = sqlx::query(sqlx::AssertSqlSafe(query));
+            for node in chunk {
+                insert = bind_node(insert, node, now);
             }
-        })?;
-        Ok(NodeRecord {
-            id: row.try_get("id")?,
-            node: node.clone(),
-            fingerprint_changed_at: None,
-            registered_at: now,
-            updated_at: now,
-            last_heartbeat_at: None,
-            online: false,
-            telemetry: None,
-            over_limit_since: None,
-            fraud_cordoned_at: None,
-        })
+            let rows = insert
+                .fetch_all(&mut *transaction)
+                .await
+                .map_err(|error| node_conflict(error, chunk))?;
+            // Neither database promises RETURNING's order: match the rows by the key
+            // (provider, name) that makes them unique.
+            let mut ids: std::collections::HashMap<(i64, String), i64> = std::collections::HashMap::new();
+            for row in &rows {
+                ids.insert((row.try_get("provider_id")?, row.try_get("name")?), row.try_get("id")?);
+            }
+            for node in chunk {
+                let id = ids
+                    .get(&(node.provider_id, node.name.clone()))
+                    .copied()
+                    .ok_or_else(|| StoreError::Corrupt(format!("node {:?} was inserted without an id", node.name)))?;
+                records.push(new_node_record(id, node, now));
+            }
+        }
+        transaction.commit().await?;
+        Ok(records)
     }
 
     pub async fn node(&self, id: i64) -> Result<Option<NodeRecord>> {

@@ -86,8 +86,9 @@ pub use fingerprint::{GpuIdentity, fingerprint};
 pub use nonce::{NONCES_MAX, NONCES_PER_NODE_MAX, NonceCache};
 pub use record::{Attestation, RecordBody, SignedRecord, UsageRecord, record_signed_bytes, sign_record, verify_record};
 pub use request::{
-    DEFAULT_MAX_SKEW_MS, HEADER_NODE, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP, NodeKey, SignedHeaders,
-    body_digest_hex, canonical_request, new_nonce, parse_public_key, public_key_hex, verify_request,
+    DEFAULT_MAX_SKEW_MS, HEADER_NODE, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP, NodeKey, SignatureCheck,
+    SignedHeaders, body_digest_hex, canonical_request, new_nonce, parse_public_key, prepare_request, public_key_hex,
+    verify_checks, verify_request,
 };
 
 // Re-exported so that callers can name the key type without depending on ed25519-dalek directly

@@ -236,6 +236,85 @@ pub fn verify_request(
     now_ms: i64,
     max_skew_ms: i64,
 ) -> Result<(), TrustError> {
+    prepare_request(
+        public,
+        node_id,
+        method,
+        path_and_query,
+        body,
+        headers,
+        now_ms,
+        max_skew_ms,
+    )?
+    .verify()
+}
+
+/// A request's signature, with every check but the curve operation done: verify it alone
+/// ([`SignatureCheck::verify`]) or with others ([`verify_checks`]).
+#[derive(Clone, Debug)]
+pub struct SignatureCheck {
+    key: VerifyingKey,
+    message: String,
+    signature: Signature,
+}
+
+impl SignatureCheck {
+    /// Verifies the signature alone. `verify_strict` also refuses weak keys and non-canonical
+    /// signatures, which plain `verify` lets through.
+    pub fn verify(&self) -> Result<(), TrustError> {
+        self.key
+            .verify_strict(self.message.as_bytes(), &self.signature)
+            .map_err(|_| TrustError::BadSignature)
+    }
+}
+
+/// Verifies many signatures at once and says, in order, which are good. A batch costs about
+/// half as much per signature as checking each alone (ed25519-dalek's `verify_batch`, one
+/// multiscalar multiplication). A batch with a bad signature in it fails as a whole, so it is
+/// split in halves until the bad ones stand alone, each then checked with `verify_strict`: a
+/// bad signature costs its batch about log2(n) more batch checks, not n single ones.
+///
+/// What a batch accepts differs from `verify_strict` only for signatures whose `R` is a point of
+/// small order: only the key's holder can make one (no forgery), and replays are refused by
+/// nonce, never by the signature's bytes. Weak keys are refused at registration.
+pub fn verify_checks(checks: &[SignatureCheck]) -> Vec<bool> {
+    let mut good = vec![false; checks.len()];
+    verify_range(checks, 0, &mut good);
+    good
+}
+
+fn verify_range(checks: &[SignatureCheck], offset: usize, good: &mut [bool]) {
+    match checks {
+        [] => {}
+        [one] => good[offset] = one.verify().is_ok(),
+        _ => {
+            let messages: Vec<&[u8]> = checks.iter().map(|check| check.message.as_bytes()).collect();
+            let signatures: Vec<Signature> = checks.iter().map(|check| check.signature).collect();
+            let keys: Vec<VerifyingKey> = checks.iter().map(|check| check.key).collect();
+            if ed25519_dalek::verify_batch(&messages, &signatures, &keys).is_ok() {
+                good[offset..offset + checks.len()].fill(true);
+            } else {
+                let half = checks.len() / 2;
+                verify_range(&checks[..half], offset, good);
+                verify_range(&checks[half..], offset + half, good);
+            }
+        }
+    }
+}
+
+/// Every check of [`verify_request`] but the signature's curve operation, which the returned
+/// [`SignatureCheck`] does.
+#[allow(clippy::too_many_arguments)] // as verify_request
+pub fn prepare_request(
+    public: &VerifyingKey,
+    node_id: i64,
+    method: &str,
+    path_and_query: &str,
+    body: &[u8],
+    headers: &SignedHeaders,
+    now_ms: i64,
+    max_skew_ms: i64,
+) -> Result<SignatureCheck, TrustError> {
     assert!(max_skew_ms >= 0, "max_skew_ms is a distance, got {max_skew_ms}");
     // Cheapest checks first; the signature costs a curve operation.
     if headers.node_id != node_id {
@@ -272,11 +351,11 @@ pub fn verify_request(
         headers.timestamp_ms,
         &headers.nonce,
     );
-    // `verify_strict` also refuses weak keys and non-canonical signatures, which plain `verify`
-    // lets through.
-    public
-        .verify_strict(message.as_bytes(), &signature)
-        .map_err(|_| TrustError::BadSignature)
+    Ok(SignatureCheck {
+        key: *public,
+        message,
+        signature,
+    })
 }
 
 /// The nonce's 16 bytes, if it is exactly 32 lowercase hex chars. Lowercase only, so that one
@@ -369,6 +448,57 @@ mod tests {
             Err(TrustError::BadHeader { name: got, .. }) => assert_eq!(got, name),
             other => panic!("expected BadHeader({name}), got {other:?}"),
         }
+    }
+
+    /// `count` signed requests of different nodes, as the coordinator prepares them; those in
+    /// `tampered` have a body other than the one signed.
+    fn checks(count: usize, tampered: &[usize]) -> Vec<SignatureCheck> {
+        (0..count)
+            .map(|index| {
+                let key = NodeKey::generate();
+                let node_id = index as i64 + 1;
+                let body = format!("{{\"beat\": {index}}}").into_bytes();
+                let headers = key.sign_request(node_id, "POST", "/v1/agent/heartbeat", &body, NOW_MS, NONCE);
+                let seen = if tampered.contains(&index) {
+                    b"{}".to_vec()
+                } else {
+                    body
+                };
+                prepare_request(
+                    &key.verifying_key(),
+                    node_id,
+                    "POST",
+                    "/v1/agent/heartbeat",
+                    &seen,
+                    &headers,
+                    NOW_MS,
+                    DEFAULT_MAX_SKEW_MS,
+                )
+                .expect("well-formed")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_finds_exactly_the_bad_signatures_among_good_ones() {
+        for (count, tampered) in [
+            (1, vec![]),
+            (1, vec![0]),
+            (2, vec![1]),
+            (64, vec![]),
+            (64, vec![0]),
+            (64, vec![17, 18, 63]),
+            (37, (0..37).collect()),
+        ] {
+            let checks = checks(count, &tampered);
+            let good = verify_checks(&checks);
+            let expected: Vec<bool> = (0..count).map(|index| !tampered.contains(&index)).collect();
+            assert_eq!(good, expected, "{count} signatures, tampered {tampered:?}");
+            for (check, good) in checks.iter().zip(&good) {
+                assert_eq!(check.verify().is_ok(), *good, "one by one agrees with the batch");
+            }
+        }
+        assert!(verify_checks(&[]).is_empty());
     }
 
     #[test]

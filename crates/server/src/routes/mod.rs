@@ -25,7 +25,9 @@ pub(crate) use gateway::{agent_tunnel, gateway_node, list_gateways, report_gatew
 pub(crate) use jobs::{cancel_job, job_logs, job_logs_page, jobs_page, list_jobs, quote_job, show_job, submit_job};
 pub(crate) use market::{health, market, market_index};
 pub(crate) use metrics::metrics;
-pub(crate) use nodes::{earnings, list_nodes, list_sites, register_node, set_policy, set_site, show_node};
+pub(crate) use nodes::{
+    earnings, list_nodes, list_sites, register_node, register_nodes, set_policy, set_site, show_node,
+};
 pub(crate) use offers::search_offers;
 pub(crate) use records::{attest, report_usage};
 pub(crate) use services::{

@@ -22,6 +22,76 @@ pub async fn register_node(
     JsonBody(registration): JsonBody<NodeRegistration>,
 ) -> ApiResult<(StatusCode, Json<NodeView>)> {
     require(&caller, &[Role::Provider])?;
+    let node = new_node(&state, caller.account_id, peer, &registration, &[]).await?;
+    let record = state.store.insert_node(&node, state.now_us()).await?;
+    state.wake.notify_one();
+    Ok((StatusCode::CREATED, Json(registered_view(&record))))
+}
+
+/// Registers up to `api::NODE_BATCH_MAX` nodes in one request and one transaction, all or
+/// none: a fleet's operator registers 100,000 nodes in a hundred requests, not 100,000. An
+/// error names the first node (`nodes[i]`) it is about; nodes within the batch are checked
+/// against each other as against those already registered (names, keys, NVLink domains).
+pub async fn register_nodes(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    PeerAddr(peer): PeerAddr,
+    JsonBody(batch): JsonBody<NodeBatchRegistration>,
+) -> ApiResult<(StatusCode, Json<NodeBatchView>)> {
+    require(&caller, &[Role::Provider])?;
+    if batch.nodes.is_empty() || batch.nodes.len() > NODE_BATCH_MAX {
+        return Err(ApiError::BadRequest(format!(
+            "nodes: {} nodes; a batch holds 1–{NODE_BATCH_MAX}",
+            batch.nodes.len()
+        )));
+    }
+    let mut nodes: Vec<NewNode> = Vec::with_capacity(batch.nodes.len());
+    for (index, registration) in batch.nodes.iter().enumerate() {
+        let node = new_node(&state, caller.account_id, peer, registration, &nodes)
+            .await
+            .map_err(|error| in_batch(index, error))?;
+        if let Some(twin) = nodes
+            .iter()
+            .position(|other| other.name == node.name || other.public_key == node.public_key)
+        {
+            return Err(ApiError::Conflict(format!(
+                "nodes[{index}]: its name or public key is also nodes[{twin}]'s"
+            )));
+        }
+        nodes.push(node);
+    }
+    let records = state.store.insert_nodes(&nodes, state.now_us()).await?;
+    state.wake.notify_one();
+    Ok((
+        StatusCode::CREATED,
+        Json(NodeBatchView {
+            nodes: records.iter().map(registered_view).collect(),
+        }),
+    ))
+}
+
+/// Says which node of a batch an error is about.
+fn in_batch(index: usize, error: ApiError) -> ApiError {
+    match error {
+        ApiError::BadRequest(message) => ApiError::BadRequest(format!("nodes[{index}]: {message}")),
+        ApiError::Conflict(message) => ApiError::Conflict(format!("nodes[{index}]: {message}")),
+        other => other,
+    }
+}
+
+fn registered_view(record: &store::NodeRecord) -> NodeView {
+    node_view(record, trust::rules::Reputation::default().score(), 0, 0)
+}
+
+/// Checks one registration and makes the node to store; `batch` holds the nodes registered in
+/// the same request before it.
+async fn new_node(
+    state: &AppState,
+    provider_id: i64,
+    peer: Option<std::net::IpAddr>,
+    registration: &NodeRegistration,
+    batch: &[NewNode],
+) -> ApiResult<NewNode> {
     check_name("advertise_addr", &registration.advertise_addr, false)?;
     check_name("nvlink_detected", &registration.nvlink_detected, false)?;
     if !matches!(
@@ -68,7 +138,7 @@ pub async fn register_node(
         ));
     }
     registration.policy.to_model()?;
-    check_nvlink_domain(&state, &registration).await?;
+    check_nvlink_domain(state, registration, batch).await?;
     // Coordinates the node declares beat its site's; a node that declares none takes the
     // site's from the sites table (now, or when an admin sets them).
     let (latitude, longitude, location_source) = if registration.latitude != 0.0 || registration.longitude != 0.0 {
@@ -101,43 +171,32 @@ pub async fn register_node(
         .collect::<Vec<_>>()
         .join(",");
     let policy = serde_json::to_string(&registration.policy).map_err(|error| ApiError::Internal(error.to_string()))?;
-    let record = state
-        .store
-        .insert_node(
-            &NewNode {
-                provider_id: caller.account_id,
-                name: registration.name.clone(),
-                public_key: registration.public_key.clone(),
-                fingerprint: registration.fingerprint.clone(),
-                region: registration.region.clone(),
-                site: registration.site.clone(),
-                fabric: registration.fabric.clone(),
-                nvlink_domain: registration.nvlink_domain.clone(),
-                latitude,
-                longitude,
-                gpu_model: registration.gpu_model.clone(),
-                gpu_count: i64::from(registration.gpu_count),
-                cpu_milli: i64::from(registration.cpu_milli),
-                memory_mib: registration.memory_mib as i64,
-                network_mbit_s: i64::from(registration.network_mbit_s),
-                simulated: registration.simulated,
-                policy,
-                datasets: "[]".to_string(),
-                runtimes,
-                advertise_addr,
-                gang_ports: registration.gang_ports.clone(),
-                nvlink_source: registration.nvlink_source.clone(),
-                nvlink_detected: registration.nvlink_detected.clone(),
-                location_source: location_source.to_string(),
-            },
-            state.now_us(),
-        )
-        .await?;
-    state.wake.notify_one();
-    Ok((
-        StatusCode::CREATED,
-        Json(node_view(&record, trust::rules::Reputation::default().score(), 0, 0)),
-    ))
+    Ok(NewNode {
+        provider_id,
+        name: registration.name.clone(),
+        public_key: registration.public_key.clone(),
+        fingerprint: registration.fingerprint.clone(),
+        region: registration.region.clone(),
+        site: registration.site.clone(),
+        fabric: registration.fabric.clone(),
+        nvlink_domain: registration.nvlink_domain.clone(),
+        latitude,
+        longitude,
+        gpu_model: registration.gpu_model.clone(),
+        gpu_count: i64::from(registration.gpu_count),
+        cpu_milli: i64::from(registration.cpu_milli),
+        memory_mib: registration.memory_mib as i64,
+        network_mbit_s: i64::from(registration.network_mbit_s),
+        simulated: registration.simulated,
+        policy,
+        datasets: "[]".to_string(),
+        runtimes,
+        advertise_addr,
+        gang_ports: registration.gang_ports.clone(),
+        nvlink_source: registration.nvlink_source.clone(),
+        nvlink_detected: registration.nvlink_detected.clone(),
+        location_source: location_source.to_string(),
+    })
 }
 
 /// `FIRST-LAST` with 1 ≤ FIRST ≤ LAST ≤ 65535.
@@ -150,41 +209,42 @@ fn parse_port_range(text: &str) -> Option<(u16, u16)> {
 /// Refuses a node whose declared NVLink domain disagrees with what NVML reported: a domain
 /// whose members NVML puts in different fabrics (or a node NVML says is NVLinked only inside
 /// itself, joining a domain with other nodes), or an NVML fabric split across declared domains.
-async fn check_nvlink_domain(state: &AppState, registration: &NodeRegistration) -> ApiResult<()> {
+/// The others are the registered nodes and `batch`, those registered in the same request.
+async fn check_nvlink_domain(state: &AppState, registration: &NodeRegistration, batch: &[NewNode]) -> ApiResult<()> {
     let detected = registration.nvlink_detected.as_str();
     if detected.is_empty() {
         return Ok(());
     }
     let domain = registration.nvlink_domain.as_str();
-    let others = state
+    let stored = state
         .store
         .nodes_sharing_nvlink(&registration.site, &registration.fabric, domain, detected)
         .await?;
-    for other in &others {
-        let theirs = other.node.nvlink_detected.as_str();
+    for other in stored.iter().map(|record| &record.node).chain(batch) {
+        let theirs = other.nvlink_detected.as_str();
         let same_domain = !domain.is_empty()
-            && other.node.site == registration.site
-            && other.node.fabric == registration.fabric
-            && other.node.nvlink_domain == domain;
+            && other.site == registration.site
+            && other.fabric == registration.fabric
+            && other.nvlink_domain == domain;
         if same_domain && detected == "node-local" {
             return Err(ApiError::BadRequest(format!(
                 "nvlink_domain: {domain:?} is shared with node {:?}, but NVML reports this node's NVLink \
                  reaches only its own GPUs (no multi-node fabric)",
-                other.node.name
+                other.name
             )));
         }
         if same_domain && !theirs.is_empty() && theirs != detected {
             return Err(ApiError::BadRequest(format!(
                 "nvlink_domain: {domain:?} is shared with node {:?}, but NVML puts this node in fabric {detected} \
                  and that node in {theirs}",
-                other.node.name
+                other.name
             )));
         }
         if !same_domain && theirs == detected && detected.starts_with("nvl-") {
             return Err(ApiError::BadRequest(format!(
                 "nvlink_domain: NVML puts this node in fabric {detected} with node {:?}, which declares domain {:?}; \
                  declare the same domain (or none, to take NVML's)",
-                other.node.name, other.node.nvlink_domain
+                other.name, other.nvlink_domain
             )));
         }
     }
