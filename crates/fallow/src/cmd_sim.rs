@@ -134,6 +134,14 @@ pub struct PackingArgs {
     /// Worker threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Derive the FGD paper's gpuspec variant in memory: this per cent of the GPU pods (the paper
+    /// uses 10, 20, 25 and 33) name GPU models, drawn as docs/simulator.md says. The pod list
+    /// must have no gpu_spec of its own (e.g. openb_pod_list_default.csv).
+    #[arg(long)]
+    gpu_spec_share: Option<f64>,
+    /// Seed of the gpuspec variant (which pods, which models); the workload's seeds are --seeds.
+    #[arg(long, default_value_t = 1, requires = "gpu_spec_share")]
+    gpu_spec_seed: u64,
     /// Print a JSON array on stdout instead of a table.
     #[arg(long)]
     json: bool,
@@ -341,7 +349,16 @@ fn run_packing(args: PackingArgs) -> anyhow::Result<()> {
         args.tune
     );
     let nodes = packing::read_nodes(&args.nodes).context("reading the node list")?;
-    let pods = packing::read_pods(&args.pods).context("reading the pod list")?;
+    let mut pods = packing::read_pods(&args.pods).context("reading the pod list")?;
+    if let Some(share_pct) = args.gpu_spec_share {
+        let variant = packing::gpuspec::derive(&pods, &nodes, share_pct, args.gpu_spec_seed)
+            .context("deriving the gpuspec variant")?;
+        eprintln!(
+            "gpuspec variant: {} of {} GPU pods name GPU models (share {share_pct} %, seed {})",
+            variant.constrained_pods, variant.gpu_pods, args.gpu_spec_seed
+        );
+        pods = variant.pods;
+    }
     let mut policies = args.policy.0;
     policies.sort();
     policies.dedup();

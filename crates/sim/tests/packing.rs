@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use sim::packing::cluster::{Cluster, ModelTable};
-use sim::packing::{self, NodeRecord, PackingConfig, PodRecord, PolicyName};
+use sim::packing::{self, NodeRecord, PackingConfig, PodRecord, PolicyName, gpuspec};
 
 fn node(name: &str, cpu_milli: u32, memory_mib: u64, gpu_count: u8, model: &str) -> NodeRecord {
     NodeRecord {
@@ -101,7 +101,7 @@ fn capacity_is_never_exceeded() {
     let demands: Vec<_> = pods.iter().map(|pod| models.demand(pod)).collect();
     let inputs = packing::policies::PolicyInputs {
         fgd_typical: packing::typical::TypicalPods::from_pods(&demands, false, 0.0, 0.95),
-        fallow_model: packing::fallow_policy::FallowModel::from_pods(&demands),
+        fallow_model: packing::fallow_policy::FallowModel::from_pods(&demands, &Cluster::new(&nodes, &models).capacity),
     };
     for policy_name in PolicyName::ALL {
         let mut cluster = Cluster::new(&nodes, &models);
@@ -131,6 +131,125 @@ fn capacity_is_never_exceeded() {
     }
 }
 
+/// Nodes of the openb models with the counts the node list has per model, scaled down.
+fn openb_like_nodes() -> Vec<NodeRecord> {
+    let mut nodes = Vec::new();
+    for (model, gpu_count, count, cpu_milli) in [
+        ("G2", 8, 14, 96_000),
+        ("T4", 2, 10, 104_000),
+        ("T4", 4, 1, 104_000),
+        ("P100", 2, 4, 64_000),
+        ("V100M16", 4, 1, 96_000),
+        ("V100M32", 8, 1, 96_000),
+        ("G3", 8, 1, 128_000),
+    ] {
+        for index in 0..count {
+            nodes.push(node(
+                &format!("{model}-{gpu_count}-{index}"),
+                cpu_milli,
+                393_216,
+                gpu_count,
+                model,
+            ));
+        }
+    }
+    nodes
+}
+
+fn unconstrained(pods: Vec<PodRecord>) -> Vec<PodRecord> {
+    pods.into_iter()
+        .map(|pod| PodRecord {
+            gpu_spec: vec![],
+            ..pod
+        })
+        .collect()
+}
+
+#[test]
+fn gpuspec_variant_constrains_the_share_it_is_asked_deterministically() {
+    let nodes = openb_like_nodes();
+    let pods = unconstrained(synthetic(4).1);
+    let gpu_pods = pods.iter().filter(|pod| pod.gpu_count > 0).count();
+    for share_pct in gpuspec::PAPER_SHARES_PCT {
+        let variant = gpuspec::derive(&pods, &nodes, f64::from(share_pct), 7).expect("valid");
+        let expected = (f64::from(share_pct) / 100.0 * gpu_pods as f64).round() as usize;
+        assert_eq!(variant.gpu_pods, gpu_pods);
+        assert_eq!(variant.constrained_pods, expected, "{share_pct} %");
+        let named = variant.pods.iter().filter(|pod| !pod.gpu_spec.is_empty()).count();
+        assert_eq!(named, expected, "{share_pct} %: pods with a gpu_spec");
+        for (derived, original) in variant.pods.iter().zip(&pods) {
+            // Only the spec changes, only on GPU pods, and only to models a node of the list can host it on.
+            assert_eq!(
+                (derived.cpu_milli, derived.gpu_count),
+                (original.cpu_milli, original.gpu_count)
+            );
+            if derived.gpu_spec.is_empty() {
+                continue;
+            }
+            assert!(derived.gpu_count > 0, "a CPU-only pod got a gpu_spec");
+            assert!(
+                nodes
+                    .iter()
+                    .any(|node| node.gpu_count >= derived.gpu_count && derived.gpu_spec.contains(&node.model)),
+                "{:?} cannot host a {}-GPU pod",
+                derived.gpu_spec,
+                derived.gpu_count
+            );
+        }
+        assert_eq!(
+            gpuspec::derive(&pods, &nodes, f64::from(share_pct), 7).expect("valid"),
+            variant,
+            "same seed, same variant"
+        );
+        assert_ne!(
+            gpuspec::derive(&pods, &nodes, f64::from(share_pct), 8)
+                .expect("valid")
+                .pods,
+            variant.pods,
+            "another seed, another variant"
+        );
+    }
+}
+
+#[test]
+fn constrained_pods_only_go_to_their_models_under_every_policy() {
+    let nodes = openb_like_nodes();
+    let pods = gpuspec::derive(&unconstrained(synthetic(5).1), &nodes, 33.0, 2)
+        .expect("valid")
+        .pods;
+    let models = ModelTable::from_nodes(&nodes);
+    let demands: Vec<_> = pods.iter().map(|pod| models.demand(pod)).collect();
+    let inputs = packing::policies::PolicyInputs {
+        fgd_typical: packing::typical::TypicalPods::from_pods(&demands, false, 0.0, 0.95),
+        fallow_model: packing::fallow_policy::FallowModel::from_pods(&demands, &Cluster::new(&nodes, &models).capacity),
+    };
+    for policy_name in PolicyName::ALL {
+        let mut cluster = Cluster::new(&nodes, &models);
+        let mut policy = packing::policies::Policy::new(policy_name, &inputs, &cluster);
+        let node_rank: Vec<u32> = (0..nodes.len() as u32).collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let mut constrained_placed = 0;
+        for (pod, record) in demands.iter().zip(&pods).cycle().take(demands.len() * 2) {
+            let Some(placement) = policy.choose(&cluster, pod, &node_rank, &mut rng) else {
+                continue;
+            };
+            let node = &nodes[placement.node as usize];
+            if !record.gpu_spec.is_empty() {
+                assert!(
+                    record.gpu_spec.contains(&node.model),
+                    "{policy_name:?} put a pod asking {:?} on a {} node",
+                    record.gpu_spec,
+                    node.model
+                );
+                constrained_placed += 1;
+            }
+            cluster.place(pod, placement);
+            policy.node_changed(&cluster, placement.node as usize);
+        }
+        assert!(constrained_placed > 0, "{policy_name:?} placed no constrained pod");
+    }
+}
+
 fn openb() -> Option<PathBuf> {
     let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/openb");
     if folder.join("openb_pod_list_default.csv").exists() {
@@ -145,8 +264,21 @@ fn openb() -> Option<PathBuf> {
 }
 
 fn fgd_and_fallow(folder: &Path, pod_file: &str, seeds: Vec<u64>) -> (f64, f64) {
+    fgd_and_fallow_with_spec(folder, pod_file, None, seeds)
+}
+
+/// `gpu_spec_share_pct`: derive the gpuspec variant (seed 1) from the pod list first.
+fn fgd_and_fallow_with_spec(
+    folder: &Path,
+    pod_file: &str,
+    gpu_spec_share_pct: Option<f64>,
+    seeds: Vec<u64>,
+) -> (f64, f64) {
     let nodes = packing::read_nodes(&folder.join("openb_node_list_gpu_node.csv")).expect("node list");
-    let pods = packing::read_pods(&folder.join(pod_file)).expect("pod list");
+    let mut pods = packing::read_pods(&folder.join(pod_file)).expect("pod list");
+    if let Some(share_pct) = gpu_spec_share_pct {
+        pods = gpuspec::derive(&pods, &nodes, share_pct, 1).expect("valid").pods;
+    }
     assert_eq!(nodes.len(), 1213);
     let reports = packing::run_packing(
         &nodes,
@@ -189,5 +321,24 @@ fn real_trace_all_variants_ten_seeds() {
             "{file}: fgd {fgd:.2}, published {published}"
         );
         assert!(fallow < fgd, "{file}: fallow {fallow:.2} is not below fgd {fgd:.2}");
+    }
+}
+
+#[test]
+#[ignore = "ten seeds on four gpuspec variants; run with --release -- --ignored"]
+fn real_trace_gpuspec_variants_ten_seeds() {
+    let Some(folder) = openb() else { return };
+    let seeds: Vec<u64> = (42..=51).collect();
+    for share_pct in gpuspec::PAPER_SHARES_PCT {
+        let (fallow, fgd) = fgd_and_fallow_with_spec(
+            &folder,
+            "openb_pod_list_default.csv",
+            Some(f64::from(share_pct)),
+            seeds.clone(),
+        );
+        assert!(
+            fallow < fgd,
+            "gpuspec {share_pct} %: fallow {fallow:.2} is not below fgd {fgd:.2}"
+        );
     }
 }

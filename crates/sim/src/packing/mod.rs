@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod fallow_policy;
+pub mod gpuspec;
 pub mod policies;
 pub mod run;
 pub mod trace;

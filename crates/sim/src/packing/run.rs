@@ -198,11 +198,12 @@ fn std_dev(values: &[f64]) -> f64 {
 pub fn run_packing(nodes: &[NodeRecord], pod_list: &[PodRecord], config: &PackingConfig) -> Vec<PolicyReport> {
     let models = ModelTable::from_nodes(nodes);
     let pods: Vec<PodDemand> = pod_list.iter().map(|pod| models.demand(pod)).collect();
+    let empty = Cluster::new(nodes, &models);
     let inputs = PolicyInputs {
         fgd_typical: TypicalPods::from_pods(&pods, false, 0.0, POPULARITY_THRESHOLD),
-        fallow_model: FallowModel::from_pods(&pods),
+        fallow_model: FallowModel::from_pods(&pods, &empty.capacity),
     };
-    let capacity = Cluster::new(nodes, &models).gpu_milli_capacity;
+    let capacity = empty.gpu_milli_capacity;
     let workloads: Vec<Workload> = config
         .seeds
         .iter()
