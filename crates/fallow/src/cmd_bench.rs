@@ -17,6 +17,14 @@ use synth::{FleetSpec, IndexPicker, JobStream};
 /// (evenings, nights, weekends) is open, so "60 % full" means 60 % of the whole fleet. Closed
 /// windows take their nodes out of the market (see the matcher's clock).
 const BENCH_START: Timestamp = 1_736_632_800;
+/// Virtual time of `--fleet market`: Wednesday 2025-01-08 02:00 UTC, a weekday night when the
+/// labs' windows are open but close within half an hour (India), 5 hours (Europe) or 11 hours
+/// (US East), and US West's labs and most hobbyists are closed: firm work longer than a lab's
+/// night must pass over the open labs, which is what the index's window filter is for.
+const MARKET_BENCH_START: Timestamp = 1_736_301_600;
+/// The market workload's demand level when drawing jobs (it sets arrival times, which the bench
+/// ignores: its own clock moves with decisions).
+const MARKET_LOAD_PERMILLE: u32 = 800;
 /// Virtual time advances one second per this many decisions (10,000 arrivals a second).
 const DECISIONS_PER_VIRTUAL_SECOND: u64 = 10_000;
 /// Warm-up gives up after this many refusals in a row: the fleet cannot reach the fill.
@@ -62,10 +70,33 @@ pub struct FleetArgs {
     pub(crate) json: bool,
 }
 
+/// Which fleet and job mix `bench matcher` runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FleetKind {
+    /// synth's fleet and job stream.
+    Synthetic,
+    /// The market simulator's fleet of provider kinds (datacentres; labs open nights and
+    /// weekends; hobbyists selling only bronze in the evening) with its workload's tier mix,
+    /// shapes and runtimes (single-replica jobs: gangs are `bench gang`'s).
+    Market,
+}
+
+impl FleetKind {
+    fn name(self) -> &'static str {
+        match self {
+            FleetKind::Synthetic => "synthetic",
+            FleetKind::Market => "market",
+        }
+    }
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct MatcherArgs {
     #[command(flatten)]
     fleet: FleetArgs,
+    /// The fleet and job mix.
+    #[arg(long = "fleet", value_enum, default_value_t = FleetKind::Synthetic)]
+    fleet_kind: FleetKind,
     /// Share of the fleet's GPU capacity kept in use.
     #[arg(long, default_value_t = 0.6)]
     fill: f64,
@@ -121,11 +152,18 @@ struct RunningJob {
     nodes: Vec<NodeId>,
 }
 
+/// Where the harness's jobs come from.
+enum Jobs {
+    Synthetic(JobStream),
+    /// The market simulator's workload, with its multi-replica jobs left out.
+    Market(Box<sim::market::workload::Workload>),
+}
+
 /// The matcher over a synthetic fleet, with the harness's own record of what runs where,
 /// so that results are checked against it rather than trusted.
 pub(crate) struct Harness {
     pub(crate) matcher: Matcher,
-    stream: JobStream,
+    jobs: Jobs,
     pub(crate) picker: IndexPicker,
     running: Vec<RunningJob>,
     /// Tier of each running job, by job id (ids are dense from 1).
@@ -201,7 +239,7 @@ impl Harness {
         let matcher_build_s = started.elapsed().as_secs_f64();
         Ok(Harness {
             matcher,
-            stream,
+            jobs: Jobs::Synthetic(stream),
             picker: IndexPicker::new(seed),
             running: Vec::new(),
             running_tier: vec![None],
@@ -215,6 +253,61 @@ impl Harness {
             fleet_build_s,
             matcher_build_s,
         })
+    }
+
+    /// The market simulator's fleet and workload (see [`FleetKind::Market`]).
+    pub(crate) fn market(gpus: u64, seed: u64, prices: BTreeMap<String, Micros>) -> anyhow::Result<Harness> {
+        let started = Instant::now();
+        let fleet = sim::market::fleet::synthetic(&sim::market::FleetPlan {
+            gpus,
+            seed,
+            prices,
+            campus_gang_gpus: None,
+        })?;
+        let fleet_build_s = started.elapsed().as_secs_f64();
+        let end = MARKET_BENCH_START + 365 * 86_400;
+        let demand = sim::market::Demand::new(&fleet, seed, MARKET_BENCH_START, end, MARKET_LOAD_PERMILLE);
+        let workload = sim::market::workload::Workload::new(std::sync::Arc::new(demand));
+        let node_fabric = fleet.nodes.iter().map(|node| node.path.fabric).collect();
+        let node_gpus: Vec<u8> = fleet.nodes.iter().map(|node| node.gpu_count).collect();
+        let node_count = node_gpus.len();
+        let started = Instant::now();
+        let mut matcher = Matcher::new(fleet.topology, fleet.nodes, MatcherConfig::default());
+        matcher.advance_clock(MARKET_BENCH_START);
+        let matcher_build_s = started.elapsed().as_secs_f64();
+        Ok(Harness {
+            matcher,
+            jobs: Jobs::Market(Box::new(workload)),
+            picker: IndexPicker::new(seed),
+            running: Vec::new(),
+            running_tier: vec![None],
+            gpu_milli_used: 0,
+            node_fabric,
+            node_gpus,
+            node_leases: vec![0; node_count],
+            node_non_bronze_leases: vec![0; node_count],
+            now: MARKET_BENCH_START,
+            decisions: 0,
+            fleet_build_s,
+            matcher_build_s,
+        })
+    }
+
+    /// The next single-replica job, submitted now.
+    fn next_job(&mut self) -> anyhow::Result<JobSpec> {
+        match &mut self.jobs {
+            Jobs::Synthetic(stream) => Ok(stream.next_job(self.now)),
+            Jobs::Market(workload) => loop {
+                let job = workload
+                    .next_job()
+                    .context("the market workload ended (it runs a year of arrivals)")?;
+                if job.spec.replicas == 1 {
+                    let mut spec = job.spec;
+                    spec.submitted_at = self.now;
+                    return Ok(spec);
+                }
+            },
+        }
     }
 
     pub(crate) fn nodes(&self) -> usize {
@@ -243,7 +336,7 @@ impl Harness {
 
     /// Places the stream's next job, timing only the `place` call, and records the result.
     fn place_next(&mut self) -> anyhow::Result<Decision> {
-        let job = self.stream.next_job(self.now);
+        let job = self.next_job()?;
         let started = Instant::now();
         let result = self.matcher.place(&job, self.now);
         let elapsed = started.elapsed();
@@ -366,7 +459,10 @@ impl Harness {
             gang_gpus >= 8 && gang_gpus.is_multiple_of(8),
             "--gang-gpus must be a positive multiple of 8, not {gang_gpus}"
         );
-        let mut job = self.stream.gang_job(gang_gpus / 8, 8, level, tier);
+        let Jobs::Synthetic(stream) = &mut self.jobs else {
+            bail!("gangs are drawn from synth's job stream: use the synthetic fleet");
+        };
+        let mut job = stream.gang_job(gang_gpus / 8, 8, level, tier);
         job.submitted_at = self.now;
         Ok(job)
     }
@@ -567,7 +663,10 @@ fn bench_matcher(args: &MatcherArgs) -> anyhow::Result<()> {
         "--fill must lie between 0 and 1, not {}",
         args.fill
     );
-    let mut harness = Harness::new(&args.fleet)?;
+    let mut harness = match args.fleet_kind {
+        FleetKind::Synthetic => Harness::new(&args.fleet)?,
+        FleetKind::Market => Harness::market(args.fleet.gpus, args.fleet.seed, load_prices(&args.fleet.traces)?)?,
+    };
     let warmup_started = Instant::now();
     let (warmup_placed, warmup_refused) = harness.warm_up(args.fill)?;
     let warmup_s = warmup_started.elapsed().as_secs_f64();
@@ -617,6 +716,7 @@ fn bench_matcher(args: &MatcherArgs) -> anyhow::Result<()> {
         .collect();
     let report = json!({
         "bench": "matcher",
+        "fleet": args.fleet_kind.name(),
         "decisions_per_sec": (decisions / in_place.as_secs_f64()).round(),
         "wall_decisions_per_sec": (decisions / wall.as_secs_f64()).round(),
         "p50_us": micros(percentile(&decision_times, 0.50)),
@@ -645,10 +745,11 @@ fn bench_matcher(args: &MatcherArgs) -> anyhow::Result<()> {
         "cores": cores(),
     });
     let summary = format!(
-        "matcher: {} decisions on {} GPUs at {:.0} % fill, 1 thread: {:.0} decisions/s (wall {:.0}/s), \
+        "matcher: {} decisions on {} GPUs ({} fleet) at {:.0} % fill, 1 thread: {:.0} decisions/s (wall {:.0}/s), \
          p50 {} µs, p99 {} µs, p99.9 {} µs; {placed} placed, {refused} refused; consistency check passed",
         args.decisions,
         harness.gpus(),
+        args.fleet_kind.name(),
         args.fill * 100.0,
         report["decisions_per_sec"].as_f64().unwrap_or_default(),
         report["wall_decisions_per_sec"].as_f64().unwrap_or_default(),
@@ -800,7 +901,7 @@ fn bench_preempt(args: &PreemptArgs) -> anyhow::Result<()> {
     let mut plan_times = Vec::new();
     let (mut planned, mut refused, mut partial) = (0u32, 0u32, 0u32);
     let (mut victims, mut non_bronze_victims, mut unknown_victims, mut tier_mismatches) = (0u64, 0u64, 0u64, 0u64);
-    let (mut victims_off_plan, mut victims_without_grace) = (0u64, 0u64);
+    let (mut victims_off_plan, mut victims_without_grace, mut wasted_evictions) = (0u64, 0u64, 0u64);
     let (mut freed_gpus, mut lost_gpu_seconds) = (0u64, 0u64);
     let mut refusals: Vec<String> = Vec::new();
     let mut defects: Vec<String> = Vec::new();
@@ -836,6 +937,19 @@ fn bench_preempt(args: &PreemptArgs) -> anyhow::Result<()> {
         }
         let mut plan_nodes: Vec<NodeId> = plan.placement.leases.iter().map(|lease| lease.node).collect();
         plan_nodes.sort_unstable();
+        // The GPUs the gang takes on each node, and its fabric: a victim must free some of them.
+        let mut taken: Vec<(NodeId, u16)> = plan
+            .placement
+            .leases
+            .iter()
+            .map(|lease| (lease.node, lease.gpu_mask))
+            .collect();
+        taken.sort_unstable();
+        let gang_fabric = plan
+            .placement
+            .leases
+            .first()
+            .map(|lease| harness.node_fabric[lease.node.index()]);
         for victim in &plan.victims {
             victims += 1;
             freed_gpus += u64::from(victim.gpus);
@@ -860,6 +974,14 @@ fn bench_preempt(args: &PreemptArgs) -> anyhow::Result<()> {
             if victim.grace_s == 0 {
                 victims_without_grace += 1;
             }
+            let gang_mask_on_node: u16 = taken
+                .iter()
+                .filter(|(node, _)| *node == victim.node)
+                .fold(0, |mask, (_, gpus)| mask | gpus);
+            let victim_mask = harness.matcher.lease(victim.lease).map_or(0, |lease| lease.gpu_mask);
+            if Some(harness.node_fabric[victim.node.index()]) != gang_fabric || victim_mask & gang_mask_on_node == 0 {
+                wasted_evictions += 1;
+            }
         }
     }
     let consistency_check_ms = consistency(&harness.matcher, harness.gpu_milli_used)?;
@@ -878,6 +1000,7 @@ fn bench_preempt(args: &PreemptArgs) -> anyhow::Result<()> {
         "unknown_victims": unknown_victims,
         "victim_tier_mismatches": tier_mismatches,
         "victims_off_plan": victims_off_plan,
+        "wasted_evictions": wasted_evictions,
         "victims_without_grace": victims_without_grace,
         "victims": victims,
         "victims_per_plan": per_plan(victims),
@@ -907,7 +1030,8 @@ fn bench_preempt(args: &PreemptArgs) -> anyhow::Result<()> {
     });
     let summary = format!(
         "preempt: {} trials of a gold {replicas} × 8-GPU gang on {} GPUs at {:.1} % fill: plan p50 {} ms, p99 {} ms; \
-         {planned} planned, {refused} refused; {victims} victims, {non_bronze_victims} not bronze; \
+         {planned} planned, {refused} refused; {victims} victims, {non_bronze_victims} not bronze, \
+         {wasted_evictions} outside the GPUs the gang takes; \
          {} GPUs freed per plan",
         args.trials,
         harness.gpus(),

@@ -124,6 +124,22 @@ impl Matcher {
                 ));
             }
         }
+        if let Some(minute) = self.clock_minute {
+            for node in 0..nodes {
+                let statics = &self.statics[node];
+                let expected = match self.loads[node].open_until {
+                    _ if statics.always_available || !statics.weekly_windows_only => crate::index::WINDOW_CLASSES,
+                    None => 0,
+                    Some(end) => crate::index::window_class(end.saturating_sub(minute * 60)),
+                };
+                if self.window_classes[node] != expected {
+                    return Err(format!(
+                        "node {node} is in open-time class {}, its window says {expected}",
+                        self.window_classes[node]
+                    ));
+                }
+            }
+        }
         for (name, order) in [
             ("by_model", &self.index.by_model),
             ("by_region_model", &self.index.by_region_model),
@@ -133,11 +149,15 @@ impl Matcher {
         let index = &self.index;
         index
             .by_model
-            .check_filters(index.model_ranges.iter())
+            .check_filters(index.model_ranges.iter(), &self.statics, &self.window_classes)
             .map_err(|error| format!("by_model: {error}"))?;
         index
             .by_region_model
-            .check_filters(index.region_ranges.iter().flatten())
+            .check_filters(
+                index.region_ranges.iter().flatten(),
+                &self.statics,
+                &self.window_classes,
+            )
             .map_err(|error| format!("by_region_model: {error}"))?;
         Ok(())
     }

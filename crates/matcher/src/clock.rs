@@ -15,8 +15,16 @@ impl Matcher {
     /// and whenever in doubt.
     pub fn advance_clock_for(&mut self, now: Timestamp, changed: &[u32]) {
         let minute = now.div_euclid(60);
+        let backwards = self.clock_minute.is_some_and(|previous| previous > minute);
         self.clock_minute = Some(minute);
         let minute_start = minute * 60;
+        if backwards {
+            // Open time grows when the clock goes back: no drop is scheduled for that.
+            for position in 0..self.windowed.len() {
+                let node = self.windowed[position] as usize;
+                self.refresh_window_class(node, minute_start);
+            }
+        }
         for &node in changed {
             let node = node as usize;
             if node >= self.nodes.len() {
@@ -31,5 +39,6 @@ impl Matcher {
             }
             self.reopen(node, minute_start, now);
         }
+        self.lower_window_classes(minute_start);
     }
 }

@@ -25,6 +25,40 @@ pub(crate) const RELIABILITY_STEPS_PPM: [u32; 5] = [800_000, 900_000, 950_000, 9
 /// a price cap uses the lowest step at or over it, so the nodes it rules out are mostly
 /// passed over by the word.
 pub(crate) const ASK_STEPS: usize = 8;
+/// Open-time classes: a node is in class c when its availability window stays open at least
+/// `WINDOW_CLASSES_S[c - 1]` seconds from the matcher's clock minute (class `WINDOW_CLASSES`:
+/// always open, or windows the cached minute does not describe). Work that cannot be interrupted
+/// filters by the highest class at or under its runtime, so the labs whose night ends before it
+/// would are passed over by the word instead of node by node.
+pub(crate) const WINDOW_CLASSES_S: [i64; 12] = [
+    1800,
+    3600,
+    2 * 3600,
+    3 * 3600,
+    4 * 3600,
+    6 * 3600,
+    8 * 3600,
+    12 * 3600,
+    16 * 3600,
+    24 * 3600,
+    32 * 3600,
+    48 * 3600,
+];
+pub(crate) const WINDOW_CLASSES: u8 = WINDOW_CLASSES_S.len() as u8;
+
+/// The open-time class of a window that stays open `open_s` seconds more (see [`WINDOW_CLASSES_S`]).
+pub(crate) fn window_class(open_s: i64) -> u8 {
+    WINDOW_CLASSES_S
+        .iter()
+        .take_while(|&&class_s| open_s >= class_s)
+        .count() as u8
+}
+
+/// The filter class for work that must stay `runtime_s` seconds: the highest class at or under it
+/// (`None`: no class is that short, every node passes).
+pub(crate) fn window_filter_class(runtime_s: i64) -> Option<usize> {
+    WINDOW_CLASSES_S.iter().rposition(|&class_s| class_s <= runtime_s)
+}
 
 /// A node's place in the sets: (whole GPUs free, share bucket, tier class).
 pub(crate) type Levels = (u8, u8, u8);
@@ -72,11 +106,15 @@ pub(crate) struct Order {
     range_of_rank: Vec<u16>,
     range_starts: Vec<u32>,
     /// Static filters over ranks, one bit per rank as in a set's bottom level:
-    /// `reliable[k]`: reliability at least `RELIABILITY_STEPS_PPM[k]`; `ask_within[k]`: reference
-    /// ask at most the `k`-th ask step of the rank's range; `everyone`: every rank.
-    reliable: Vec<Vec<u64>>,
+    /// `selling[t × (steps + 1) + k]`: sells tier t, with reliability at least
+    /// `RELIABILITY_STEPS_PPM[k - 1]` (k = 0: any reliability); `ask_within[k]`: reference ask
+    /// at most the `k`-th ask step of the rank's range; `everyone`: every rank.
+    selling: Vec<Vec<u64>>,
     ask_within: Vec<Vec<u64>>,
     everyone: Vec<u64>,
+    /// A dynamic filter: `open_for[c]` holds the ranks of nodes in open-time class above c (see
+    /// [`WINDOW_CLASSES_S`]), kept by the clock.
+    open_for: Vec<Vec<u64>>,
     /// `whole_firsts[range × slots + slot]`: the first member of `whole[slot]` in the range, kept on
     /// every change so that opening a lane costs no bitmap search (`u32::MAX` = none).
     whole_firsts: Vec<First>,
@@ -122,13 +160,24 @@ impl Order {
             }
             bits
         };
-        let reliable = RELIABILITY_STEPS_PPM
-            .iter()
-            .map(|&step| filter(&|entry| entry.reliability_ppm >= step))
+        let selling = (0..3usize)
+            .flat_map(|tier| {
+                std::iter::once(0)
+                    .chain(RELIABILITY_STEPS_PPM)
+                    .map(move |step| (tier, step))
+            })
+            .map(|(tier, step)| {
+                filter(&|entry| {
+                    statics[entry.node as usize].tiers & (1 << tier) != 0
+                        && statics[entry.node as usize].asks[tier] != i64::MAX
+                        && entry.reliability_ppm >= step
+                })
+            })
             .collect();
         let everyone = filter(&|_| true);
         let mut order = Order {
-            reliable,
+            selling,
+            open_for: vec![everyone.clone(); WINDOW_CLASSES as usize],
             ask_within: vec![vec![0u64; words]; ASK_STEPS],
             everyone,
             entries,
@@ -201,6 +250,19 @@ impl Order {
         }
     }
 
+    /// Moves a node from one open-time class to another in the `open_for` filters.
+    fn set_window_class(&mut self, node: usize, from: u8, to: u8) {
+        let rank = self.ranks[node] as usize;
+        let (low, high) = (from.min(to) as usize, from.max(to) as usize);
+        for bits in &mut self.open_for[low..high] {
+            if to > from {
+                set_bit(bits, rank);
+            } else {
+                bits[rank / 64] &= !(1 << (rank % 64));
+            }
+        }
+    }
+
     /// Sets each range's ask steps (quantiles of its reference asks) and fills the ask filters.
     /// `ranges` are this order's ranges.
     fn set_ask_steps<'a>(&mut self, ranges: impl Iterator<Item = &'a mut RangeInfo>) {
@@ -226,7 +288,13 @@ impl Order {
 
     /// Checks the static filters and each range's ask steps against the rank entries (for
     /// `consistency_check`).
-    pub fn check_filters<'a>(&self, ranges: impl Iterator<Item = &'a RangeInfo>) -> Result<(), String> {
+    /// `window_classes[node]` is each node's open-time class.
+    pub fn check_filters<'a>(
+        &self,
+        ranges: impl Iterator<Item = &'a RangeInfo>,
+        statics: &[NodeStatic],
+        window_classes: &[u8],
+    ) -> Result<(), String> {
         for range in ranges {
             let ranks = range.ranks.start as usize..range.ranks.end as usize;
             let highest = self.entries[ranks.clone()]
@@ -241,14 +309,25 @@ impl Order {
             }
             for rank in ranks {
                 let entry = &self.entries[rank];
-                let reliable = RELIABILITY_STEPS_PPM.iter().map(|&step| entry.reliability_ppm >= step);
+                let node = &statics[entry.node as usize];
+                let selling = (0..3usize).flat_map(|tier| {
+                    std::iter::once(0).chain(RELIABILITY_STEPS_PPM).map(move |step| {
+                        node.tiers & (1 << tier) != 0 && node.asks[tier] != i64::MAX && entry.reliability_ppm >= step
+                    })
+                });
                 let within = range.ask_steps.iter().map(|&ask| entry.reference_ask <= ask);
                 let kept = self
-                    .reliable
+                    .selling
                     .iter()
                     .chain(&self.ask_within)
                     .map(|bits| has_bit(bits, rank));
-                if !reliable.chain(within).eq(kept) || !has_bit(&self.everyone, rank) {
+                let class = window_classes[entry.node as usize] as usize;
+                let open = self
+                    .open_for
+                    .iter()
+                    .enumerate()
+                    .all(|(filter_class, bits)| has_bit(bits, rank) == (filter_class < class));
+                if !selling.chain(within).eq(kept) || !has_bit(&self.everyone, rank) || !open {
                     return Err(format!(
                         "rank {rank}: the static filters disagree with its entry {entry:?}"
                     ));
@@ -258,10 +337,21 @@ impl Order {
         Ok(())
     }
 
-    /// The static filter for a reliability floor: a superset of the ranks that meet it.
-    pub fn reliability_filter(&self, floor_ppm: u32) -> &[u64] {
-        match RELIABILITY_STEPS_PPM.iter().rposition(|&step| step <= floor_ppm) {
-            Some(step) => &self.reliable[step],
+    /// The static filter for a tier and a reliability floor: the ranks of nodes that sell the
+    /// tier, a superset of those that also meet the floor.
+    pub fn selling_filter(&self, tier: usize, floor_ppm: u32) -> &[u64] {
+        let step = RELIABILITY_STEPS_PPM
+            .iter()
+            .rposition(|&step| step <= floor_ppm)
+            .map_or(0, |step| step + 1);
+        &self.selling[tier * (RELIABILITY_STEPS_PPM.len() + 1) + step]
+    }
+
+    /// The window filter for work that must stay `runtime_s` seconds from the clock minute: a
+    /// superset of the ranks whose window covers it. `None`: no filter (every rank).
+    pub fn window_filter(&self, runtime_s: Option<i64>) -> &[u64] {
+        match runtime_s.and_then(window_filter_class) {
+            Some(class) => &self.open_for[class],
             None => &self.everyone,
         }
     }
@@ -392,6 +482,14 @@ impl Index {
             by_region_model,
             model_ranges,
             region_ranges,
+        }
+    }
+
+    pub fn set_window_class(&mut self, node: usize, from: u8, to: u8) {
+        if from != to {
+            for order in [&mut self.by_model, &mut self.by_region_model] {
+                order.set_window_class(node, from, to);
+            }
         }
     }
 

@@ -4,7 +4,7 @@
 //! victims lose the least in total. Gang repair replaces only the lost replicas of a running
 //! gang, as close to the survivors as the topology allows.
 
-use model::{JobId, JobSpec, Lease, LeaseId, NodeId, Tier, Timestamp};
+use model::{JobId, JobSpec, Lease, LeaseId, NodeId, Tier, Timestamp, TopologyLevel};
 
 use crate::fit::{Fit, JobContext};
 use crate::search::light_copy;
@@ -28,6 +28,14 @@ pub struct Victim {
 pub struct PreemptionPlan {
     pub placement: Placement,
     pub victims: Vec<Victim>,
+}
+
+/// Buffers a fabric-level preemption plan reuses from fabric to fabric and plan to plan: one
+/// fabric's slots and their keys (lost work, score, node, position).
+#[derive(Default)]
+pub(crate) struct PreemptScratch {
+    slots: Vec<Slot>,
+    keys: Vec<(u64, u64, u32, u32)>,
 }
 
 /// One replica's place on a node, with the victims it needs.
@@ -186,6 +194,18 @@ impl Matcher {
 
     /// Plans a gold or silver job, preempting bronze work if it does not fit as things are.
     pub fn plan_preemption(&self, job: &JobSpec, now: Timestamp) -> Result<PreemptionPlan, Unplaced> {
+        self.plan_preemption_with(job, now, true)
+    }
+
+    /// The plan [`Matcher::plan_preemption`] makes, found by gathering every node's slots and
+    /// sorting them by domain whatever the level: the reference the fabric-by-fabric path is
+    /// tested against.
+    #[doc(hidden)]
+    pub fn plan_preemption_by_scan(&self, job: &JobSpec, now: Timestamp) -> Result<PreemptionPlan, Unplaced> {
+        self.plan_preemption_with(job, now, false)
+    }
+
+    fn plan_preemption_with(&self, job: &JobSpec, now: Timestamp, by_fabric: bool) -> Result<PreemptionPlan, Unplaced> {
         self.validate(job)?;
         if job.tier == Tier::Bronze {
             return Err(Unplaced::InvalidJob {
@@ -204,6 +224,9 @@ impl Matcher {
             });
         }
         let context = JobContext::new(job, now);
+        if by_fabric && job.topology == TopologyLevel::Fabric {
+            return self.plan_preemption_by_fabric(&context, now);
+        }
         // Every node, in memory order (feasibility checks region, model and price).
         let mut slots = Vec::with_capacity(self.nodes.len() / 4);
         for node in 0..self.nodes.len() {
@@ -215,6 +238,65 @@ impl Matcher {
             replicas: job.replicas,
             best,
         })?;
+        Ok(self.plan_from_slots(&context, &slots, &chosen, now))
+    }
+
+    /// A fabric-level plan, one fabric at a time: each fabric's slots are gathered into a
+    /// reused buffer and the cheapest `replicas` of them selected, not sorted; only the winning
+    /// fabric's slots are gathered again to build the plan. The same choice as [`choose_domain`]
+    /// over every node (fabric ids are the domain ids, and each fabric lists its nodes in node
+    /// order), without a fleet-sized buffer or sort.
+    fn plan_preemption_by_fabric(&self, context: &JobContext, now: Timestamp) -> Result<PreemptionPlan, Unplaced> {
+        let job = context.job;
+        let replicas = job.replicas as usize;
+        let mut scratch = self
+            .preempt_scratch
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let PreemptScratch { slots, keys } = &mut *scratch;
+        let fabrics = self.fabric_starts.len().saturating_sub(1);
+        let mut best: Option<((u128, u128, u64), u32)> = None;
+        let mut most_held = 0usize;
+        for fabric in 0..fabrics as u32 {
+            slots.clear();
+            for &node in self.fabric_members(fabric) {
+                self.node_slots(node as usize, context, job.replicas, now, slots, 0);
+            }
+            most_held = most_held.max(slots.len());
+            if slots.len() < replicas {
+                continue;
+            }
+            let (lost, score) = cheapest_slots(slots, replicas, keys);
+            let key = (lost, score, u64::from(fabric));
+            if best.is_none_or(|(best_key, _)| key < best_key) {
+                best = Some((key, fabric));
+            }
+        }
+        let Some((_, fabric)) = best else {
+            return Err(Unplaced::NoDomainFits {
+                job: job.id,
+                level: job.topology.name(),
+                replicas: job.replicas,
+                best: u32::try_from(most_held).unwrap_or(u32::MAX),
+            });
+        };
+        slots.clear();
+        for &node in self.fabric_members(fabric) {
+            self.node_slots(node as usize, context, job.replicas, now, slots, 0);
+        }
+        cheapest_slots(slots, replicas, keys);
+        let chosen: Vec<usize> = keys[..replicas].iter().map(|key| key.3 as usize).collect();
+        Ok(self.plan_from_slots(context, slots, &chosen, now))
+    }
+
+    /// The plan of the chosen slots (positions in `slots`).
+    fn plan_from_slots(
+        &self,
+        context: &JobContext,
+        slots: &[Slot],
+        chosen: &[usize],
+        now: Timestamp,
+    ) -> PreemptionPlan {
         // A node's later slots are valid only with its earlier ones: take each chosen node's first slots.
         let mut chosen_nodes: Vec<u32> = chosen.iter().map(|position| slots[*position].node).collect();
         chosen_nodes.sort_unstable();
@@ -235,7 +317,7 @@ impl Matcher {
             .cloned()
             .collect();
         selected.sort_by_key(|slot| (slot.lost_gpu_seconds, slot.score, slot.node, slot.sequence));
-        Ok(self.preemption_plan(&context, &selected, now))
+        self.preemption_plan(context, &selected, now)
     }
 
     fn preemption_plan(&self, context: &JobContext, slots: &[Slot], now: Timestamp) -> PreemptionPlan {
@@ -418,6 +500,26 @@ impl Matcher {
         }
         self.commit_inner(&plan.placement, true)
     }
+}
+
+/// Puts the keys of `slots`' cheapest `replicas` slots (by lost work, score, node, position) in
+/// `keys[..replicas]`, in no particular order, and returns their total lost work and score.
+fn cheapest_slots(slots: &[Slot], replicas: usize, keys: &mut Vec<(u64, u64, u32, u32)>) -> (u128, u128) {
+    keys.clear();
+    keys.extend(
+        slots
+            .iter()
+            .enumerate()
+            .map(|(position, slot)| (slot.lost_gpu_seconds, slot.score, slot.node, position as u32)),
+    );
+    if keys.len() > replicas {
+        keys.select_nth_unstable(replicas - 1);
+    }
+    let taken = &keys[..replicas];
+    (
+        taken.iter().map(|key| u128::from(key.0)).sum(),
+        taken.iter().map(|key| u128::from(key.1)).sum(),
+    )
 }
 
 /// Picks the domain whose cheapest `replicas` slots lose the least work (then cost less) and

@@ -106,15 +106,16 @@ impl RankSet {
         Some(next_word * 64 + words[next_word].trailing_zeros() as usize)
     }
 
-    /// The smallest member in `from..end` whose bit is also set in both static masks (word
-    /// arrays as long as the set's), if any: filters by word, without touching the members.
-    pub fn next_masked(&self, from: usize, end: usize, first_mask: &[u64], second_mask: &[u64]) -> Option<usize> {
+    /// The smallest member in `from..end` whose bit is also set in every mask (word arrays as
+    /// long as the set's), if any: filters by word, without touching the members.
+    pub fn next_masked(&self, from: usize, end: usize, masks: [&[u64]; 3]) -> Option<usize> {
         let words = &self.levels[0];
         let mut index = from / 64;
         if from >= end || index >= words.len() {
             return None;
         }
-        let mut bits = words[index] & first_mask[index] & second_mask[index] & (!0u64 << (from % 64));
+        let masked = |index: usize| words[index] & masks[0][index] & masks[1][index] & masks[2][index];
+        let mut bits = masked(index) & (!0u64 << (from % 64));
         loop {
             if bits != 0 {
                 let rank = index * 64 + bits.trailing_zeros() as usize;
@@ -128,7 +129,7 @@ impl RankSet {
             if index * 64 >= end {
                 return None;
             }
-            bits = words[index] & first_mask[index] & second_mask[index];
+            bits = masked(index);
         }
     }
 
@@ -163,10 +164,11 @@ mod tests {
             }
             let first_mask: Vec<u64> = (0..79u64).map(|word| word.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
             let second_mask: Vec<u64> = (0..79u64).map(|word| !(word.wrapping_mul(0xc2b2_ae3d_27d4_eb4f) >> 3)).collect();
-            let masked = |rank: usize| has_bit(&first_mask, rank) && has_bit(&second_mask, rank);
+            let third_mask: Vec<u64> = (0..79u64).map(|word| word.wrapping_mul(0x1656_67b1_9e37_79f9) | 0x0f0f).collect();
+            let masked = |rank: usize| has_bit(&first_mask, rank) && has_bit(&second_mask, rank) && has_bit(&third_mask, rank);
             for probe in [0usize, 99, 100, 2500, 3999] {
                 prop_assert_eq!(
-                    set.next_masked(probe, 4000, &first_mask, &second_mask),
+                    set.next_masked(probe, 4000, [&first_mask, &second_mask, &third_mask]),
                     reference.range(probe..4000).copied().find(|rank| masked(*rank))
                 );
             }

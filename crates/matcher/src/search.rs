@@ -12,7 +12,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::index::{Order, RangeInfo, SHARE_BUCKETS, TIER_CLASSES, WHOLE_LEVELS};
-use crate::rankset::{RankSet, set_bit};
+use crate::rankset::{RankSet, has_bit, set_bit};
 use crate::state::{GangCandidate, GangScratch, Matcher, NodeLoad, apply_usage};
 use crate::{Placement, Unplaced};
 
@@ -271,8 +271,9 @@ impl Matcher {
             waiting_end: u32,
             /// Keys above this are over the price cap.
             key_max: u64,
-            /// Static filters, supersets of the ranks under the price cap and over the reliability floor.
-            filters: (&'a [u64], &'a [u64]),
+            /// Filters, supersets of the ranks under the price cap, of those selling the tier
+            /// over the reliability floor, and of those open for the job's runtime.
+            filters: (&'a [u64], &'a [u64], &'a [u64]),
         }
         // A lane: a capacity set within an opened range, from `rank` on.
         #[derive(Clone, Copy)]
@@ -297,6 +298,12 @@ impl Matcher {
         // A node whose reference ask is above this cannot meet the price cap in this tier.
         let ratio = self.tier_ratio_permille[tier].max(1);
         let reference_ask_max = i64::try_from(i128::from(max_price) * 1000 / i128::from(ratio)).unwrap_or(i64::MAX);
+        // The window filter holds at the clock's minute; with a stale clock every node is tried
+        // (feasibility checks windows exactly either way).
+        let window_runtime_s = context
+            .window_until
+            .filter(|_| self.clock_minute == Some(context.now.div_euclid(60)))
+            .map(|_| i64::from(context.job.max_runtime_s));
         let mut opened: Vec<Opened> = Vec::with_capacity(8);
         let mut waiting: Vec<Lane> = Vec::with_capacity(64);
         let mut cursors: Vec<Lane> = Vec::with_capacity(16);
@@ -332,7 +339,8 @@ impl Matcher {
                     key_max,
                     filters: (
                         order.ask_filter(range, reference_ask_max),
-                        order.reliability_filter(reliability_min),
+                        order.selling_filter(tier, reliability_min),
+                        order.window_filter(window_runtime_s),
                     ),
                 });
                 self.lanes(order, range, context, |set, first, penalty| {
@@ -375,17 +383,21 @@ impl Matcher {
             let next_after = |rank: usize| {
                 cursor
                     .set
-                    .next_masked(rank + 1, range.end, range.filters.0, range.filters.1)
+                    .next_masked(rank + 1, range.end, [range.filters.0, range.filters.1, range.filters.2])
                     .filter(|next| order.entries[*next].key <= range.key_max)
             };
             // Nodes over the price cap or under the reliability floor are passed over here,
             // without a trip through the heap.
             let mut rank = cursor.rank as usize;
             let mut skipped = false;
-            let passes = |entry: &crate::index::RankEntry| {
-                entry.reference_ask <= reference_ask_max && entry.reliability_ppm >= reliability_min
+            let passes = |rank: usize| {
+                let entry = &order.entries[rank];
+                entry.reference_ask <= reference_ask_max
+                    && entry.reliability_ppm >= reliability_min
+                    && has_bit(range.filters.1, rank)
+                    && has_bit(range.filters.2, rank)
             };
-            while !passes(&order.entries[rank]) {
+            while !passes(rank) {
                 skipped = true;
                 match next_after(rank) {
                     Some(next) => rank = next,

@@ -6,7 +6,10 @@ use model::{
     Topology,
 };
 
-use crate::index::Index;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use crate::index::{Index, WINDOW_CLASSES, WINDOW_CLASSES_S, window_class};
 use crate::reserve::Reservations;
 use crate::{CommitError, MatcherConfig, Placement};
 
@@ -163,8 +166,20 @@ pub struct Matcher {
     /// Nodes with time-of-day price rules.
     pub(crate) priced: Vec<u32>,
     pub(crate) clock_minute: Option<i64>,
+    /// Per node: its open-time class in the index's window filters (see
+    /// `index::WINDOW_CLASSES_S`), and the first minute start at which it drops a class
+    /// (`Timestamp::MAX`: never, as things are).
+    pub(crate) window_classes: Vec<u8>,
+    pub(crate) window_drop_at: Vec<Timestamp>,
+    /// (drop time, node), earliest first: the clock lowers the classes of nodes whose open time
+    /// shrank past a class without visiting every windowed node. An entry whose time no longer
+    /// matches `window_drop_at` is stale and skipped; each holds a time no later than its node's
+    /// window end, so none outlives a week of clock.
+    pub(crate) window_drops: BinaryHeap<Reverse<(Timestamp, u32)>>,
     /// Buffers gang plans reuse (see [`GangScratch`]).
     pub(crate) gang_scratch: std::sync::Mutex<GangScratch>,
+    /// Buffers fabric-level preemption plans reuse.
+    pub(crate) preempt_scratch: std::sync::Mutex<crate::preempt::PreemptScratch>,
     /// Every node grouped by fabric, in node order; fabric f's nodes are
     /// `fabric_nodes[fabric_starts[f]..fabric_starts[f + 1]]`. Gang repair looks there first.
     pub(crate) fabric_nodes: Vec<u32>,
@@ -357,7 +372,11 @@ impl Matcher {
             windowed,
             priced,
             clock_minute: None,
+            window_classes: vec![WINDOW_CLASSES; node_count],
+            window_drop_at: vec![Timestamp::MAX; node_count],
+            window_drops: BinaryHeap::new(),
             gang_scratch: std::sync::Mutex::new(GangScratch::for_fleet(node_count)),
+            preempt_scratch: std::sync::Mutex::new(crate::preempt::PreemptScratch::default()),
             fabric_nodes,
             fabric_starts,
         }
@@ -456,6 +475,54 @@ impl Matcher {
         for position in 0..self.windowed.len() {
             let node = self.windowed[position] as usize;
             self.reopen(node, minute_start, now);
+        }
+        self.lower_window_classes(minute_start);
+    }
+
+    /// Lowers the open-time classes of nodes whose remaining open time fell under their class
+    /// by `minute_start`.
+    pub(crate) fn lower_window_classes(&mut self, minute_start: Timestamp) {
+        while let Some(&Reverse((at, node))) = self.window_drops.peek() {
+            if at > minute_start {
+                break;
+            }
+            self.window_drops.pop();
+            let node = node as usize;
+            if self.window_drop_at[node] == at {
+                self.window_drop_at[node] = Timestamp::MAX;
+                self.refresh_window_class(node, minute_start);
+            }
+        }
+    }
+
+    /// Puts a node in the open-time class of its cached window end, seen from `minute_start`,
+    /// and schedules the minute it drops out of it.
+    pub(crate) fn refresh_window_class(&mut self, node: usize, minute_start: Timestamp) {
+        let statics = &self.statics[node];
+        let load = &self.loads[node];
+        let weekly = !statics.always_available && statics.weekly_windows_only;
+        let (class, drop_at) = match load.open_until {
+            _ if !weekly => (WINDOW_CLASSES, Timestamp::MAX),
+            None => (0, Timestamp::MAX),
+            Some(end) => {
+                let class = window_class(end.saturating_sub(minute_start));
+                let drop_at = match class {
+                    0 => Timestamp::MAX,
+                    class => end - WINDOW_CLASSES_S[class as usize - 1] + 1,
+                };
+                (class, drop_at)
+            }
+        };
+        let old = self.window_classes[node];
+        if old != class {
+            self.index.set_window_class(node, old, class);
+            self.window_classes[node] = class;
+        }
+        if drop_at != self.window_drop_at[node] {
+            self.window_drop_at[node] = drop_at;
+            if drop_at != Timestamp::MAX {
+                self.window_drops.push(Reverse((drop_at, node as u32)));
+            }
         }
     }
 
@@ -669,6 +736,7 @@ impl Matcher {
             self.loads[node].closed = closed;
             self.refresh_levels(node);
         }
+        self.refresh_window_class(node, minute_start);
     }
 
     /// Recomputes a node's capacity levels and moves it between index sets if they changed.

@@ -23,6 +23,7 @@ enum Op {
     Preempt {
         gpus: u8,
         replicas: u8,
+        fabric: bool,
     },
     Fail {
         node: u16,
@@ -33,7 +34,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0u8..3, 0u8..12, 1u8..4, 0u8..4, 50u16..600).prop_map(|(tier, gpu, replicas, level, price_cents)| Op::Arrive { tier, gpu, replicas, level, price_cents }),
         3 => any::<u16>().prop_map(|pick| Op::Depart { pick }),
-        1 => (1u8..9, 1u8..3).prop_map(|(gpus, replicas)| Op::Preempt { gpus, replicas }),
+        1 => (1u8..9, 1u8..4, any::<bool>()).prop_map(|(gpus, replicas, fabric)| Op::Preempt { gpus, replicas, fabric }),
         1 => any::<u16>().prop_map(|node| Op::Fail { node }),
     ]
 }
@@ -169,12 +170,31 @@ fn run(m: &mut Matcher, ops: &[Op]) -> Result<Vec<String>, TestCaseError> {
                     m.release_job(job, NOW);
                 }
             }
-            Op::Preempt { gpus, replicas } => {
+            Op::Preempt { gpus, replicas, fabric } => {
                 let mut spec = job(id, Tier::Gold, GpuDemand::Whole { count: gpus }, "100");
                 spec.replicas = u32::from(replicas);
-                if let Ok(plan) = m.plan_preemption(&spec, NOW) {
+                if fabric {
+                    spec.topology = TopologyLevel::Fabric;
+                }
+                let planned = m.plan_preemption(&spec, NOW);
+                prop_assert_eq!(
+                    &planned,
+                    &m.plan_preemption_by_scan(&spec, NOW),
+                    "fabric by fabric = one scan"
+                );
+                if let Ok(plan) = planned {
+                    let fabric_of = |node: model::NodeId| m.nodes()[node.index()].path.fabric;
                     for victim in &plan.victims {
                         prop_assert_eq!(victim.tier, Tier::Bronze, "gold and silver are never victims");
+                        // Every victim is on a node a replica of the plan then takes.
+                        prop_assert!(
+                            plan.placement.leases.iter().any(|lease| lease.node == victim.node),
+                            "victim {:?} is off the plan",
+                            victim
+                        );
+                        if fabric {
+                            prop_assert_eq!(fabric_of(victim.node), fabric_of(plan.placement.leases[0].node));
+                        }
                         let recorded = running
                             .iter()
                             .find(|(job, _)| *job == victim.job)
@@ -271,6 +291,117 @@ proptest! {
             }
             if depart && running.len() > 1 {
                 m.release_job(running.remove(0), NOW);
+            }
+        }
+        m.consistency_check().map_err(TestCaseError::fail)?;
+    }
+}
+
+/// Runtimes the window test draws from: under the shortest open-time class, on classes, between
+/// them and over the longest.
+const RUNTIMES_S: [u32; 11] = [
+    600,
+    1800,
+    3600,
+    5000,
+    4 * 3600,
+    7 * 3600,
+    13 * 3600,
+    20 * 3600,
+    30 * 3600,
+    50 * 3600,
+    72 * 3600,
+];
+
+/// A wide market where nodes sell random tiers (some only bronze, as hobbyists do) and open in
+/// random daily windows (some always, some over midnight in two pieces, some for hours).
+fn windowed_market(seed: &[(u8, u8, u8, u8)], windows: &[(u8, u8, u8)]) -> Matcher {
+    let base = wide_market(seed);
+    let mut nodes = base.nodes().to_vec();
+    for (node, &(tiers, start_hour, hours)) in nodes.iter_mut().zip(windows.iter().cycle()) {
+        node.policy.allowed_tiers = model::TierSet(match tiers % 5 {
+            0 => 0b100,
+            1 => 0b110,
+            _ => 0b111,
+        });
+        let start = u32::from(start_hour % 24);
+        let end = start + 1 + u32::from(hours % 30);
+        node.policy.windows = match hours % 4 {
+            0 => Vec::new(),
+            _ if end > 24 => vec![model::daily_window(start, 24), model::daily_window(0, end - 24)],
+            _ => vec![model::daily_window(start, end)],
+        };
+    }
+    Matcher::new(base.topology().clone(), nodes, Default::default())
+}
+
+/// Whether a node may take a job at `now` by its policy alone: it sells the tier, and its window
+/// is open now and, for work that cannot be interrupted, for the whole runtime.
+fn policy_allows(m: &Matcher, node: model::NodeId, spec: &JobSpec, now: i64) -> bool {
+    let policy = &m.nodes()[node.index()].policy;
+    let open = match policy.available_until(now) {
+        None => false,
+        Some(_) if spec.interruptible() => true,
+        Some(end) => end >= now + i64::from(spec.max_runtime_s),
+    };
+    policy.allowed_tiers.contains(spec.tier) && policy.asks[spec.tier as usize].is_some() && open
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    /// The index's tier and open-time filters as the clock moves (by `advance_clock`, or by
+    /// `advance_clock_for` told only the nodes whose window changed): the indexed search makes
+    /// exactly the plan a scan of every node makes, never proposes a node that does not sell the
+    /// job's tier or whose window does not cover firm work's runtime, and the consistency
+    /// check (which recomputes every node's open-time class) holds.
+    #[test]
+    fn windowed_and_tiered_plans_match_a_full_scan(
+        nodes in prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()), 64..300),
+        windows in prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>()), 1..40),
+        arrivals in prop::collection::vec(
+            (0u8..3, 0u8..10, 30u16..500, 0usize..RUNTIMES_S.len(), 0u16..900, any::<bool>(), any::<bool>()),
+            1..120,
+        ),
+    ) {
+        let mut m = windowed_market(&nodes, &windows);
+        let mut now = NOW;
+        m.advance_clock(now);
+        let mut running: Vec<JobId> = Vec::new();
+        for (step, (tier, gpu, price_cents, runtime, minutes, told, depart)) in arrivals.into_iter().enumerate() {
+            if minutes > 0 {
+                let later = now + 60 * i64::from(minutes);
+                if told {
+                    // Only the nodes whose window opened, closed or moved its end since.
+                    let minute_start = |at: i64| at.div_euclid(60) * 60;
+                    let changed: Vec<u32> = m
+                        .nodes()
+                        .iter()
+                        .filter(|node| {
+                            node.policy.available_until(minute_start(now)) != node.policy.available_until(minute_start(later))
+                        })
+                        .map(|node| node.id.0)
+                        .collect();
+                    m.advance_clock_for(later, &changed);
+                } else {
+                    m.advance_clock(later);
+                }
+                now = later;
+                m.consistency_check().map_err(TestCaseError::fail)?;
+            }
+            let mut spec = arrival(step as u64 + 1, tier, gpu, 1, 0, price_cents);
+            spec.max_runtime_s = RUNTIMES_S[runtime];
+            let planned = m.plan(&spec, now).ok();
+            prop_assert_eq!(&planned, &m.plan_by_scan(&spec, now), "the indexed search is exact");
+            if let Some(placement) = &planned {
+                for lease in &placement.leases {
+                    prop_assert!(policy_allows(&m, lease.node, &spec, now), "{} cannot take {:?}", lease.node, spec);
+                }
+                m.place(&spec, now).map_err(|error| TestCaseError::fail(error.to_string()))?;
+                running.push(spec.id);
+            }
+            if depart && running.len() > 1 {
+                m.release_job(running.remove(0), now);
             }
         }
         m.consistency_check().map_err(TestCaseError::fail)?;
