@@ -154,7 +154,7 @@ struct RunningJob {
 
 /// Where the harness's jobs come from.
 enum Jobs {
-    Synthetic(JobStream),
+    Synthetic(Box<JobStream>),
     /// The market simulator's workload, with its multi-replica jobs left out.
     Market(Box<sim::market::workload::Workload>),
 }
@@ -239,7 +239,7 @@ impl Harness {
         let matcher_build_s = started.elapsed().as_secs_f64();
         Ok(Harness {
             matcher,
-            jobs: Jobs::Synthetic(stream),
+            jobs: Jobs::Synthetic(Box::new(stream)),
             picker: IndexPicker::new(seed),
             running: Vec::new(),
             running_tier: vec![None],

@@ -62,10 +62,7 @@ const INSERT_NODE_COLUMNS: &str = "provider_id, name, public_key, fingerprint, r
      datasets, registered_at, updated_at, online, runtimes, advertise_addr, gang_ports, nvlink_source, \
      nvlink_detected, location_source";
 const INSERT_NODE_PARAMETERS: usize = 25;
-/// Nodes per `INSERT` of a batch (25 parameters each; SQLite allows 32,766 in a statement).
-const NODES_PER_STATEMENT_MAX: usize = 500;
-
-/// `($1, …, $25)` for the `row`-th row of an insert, as `insert_node_query` numbers them.
+/// `($1, …, $25)` for the `row`-th row of an insert, as `bind_node` binds them.
 fn insert_node_values(row: usize) -> String {
     let p = |n: usize| format!("${}", row * INSERT_NODE_PARAMETERS + n);
     let mut values: Vec<String> = (1..=19).map(p).collect();
@@ -108,18 +105,9 @@ fn bind_node<'q>(
         .bind(&node.location_source)
 }
 
-fn node_conflict(error: sqlx::Error, nodes: &[NewNode]) -> StoreError {
+fn node_conflict(error: sqlx::Error, node: &NewNode) -> StoreError {
     if is_unique_violation(&error) {
-        let names: Vec<&str> = nodes.iter().map(|node| node.name.as_str()).collect();
-        let what = match names.as_slice() {
-            [one] => format!("node {one:?} of this provider, or its public key,"),
-            many => format!(
-                "one of nodes {:?}…{:?} of this provider, or its public key,",
-                many.first().copied().unwrap_or_default(),
-                many.last().copied().unwrap_or_default()
-            ),
-        };
-        StoreError::Conflict(what)
+        StoreError::Conflict(format!("node {:?} of this provider, or its public key,", node.name))
     } else {
         error.into()
     }
@@ -150,43 +138,27 @@ impl Store {
         let row = bind_node(sqlx::query(sqlx::AssertSqlSafe(query)), node, now)
             .fetch_one(&self.pool)
             .await
-            .map_err(|error| node_conflict(error, std::slice::from_ref(node)))?;
+            .map_err(|error| node_conflict(error, node))?;
         Ok(new_node_record(row.try_get("id")?, node, now))
     }
 
-    /// Registers one provider's `nodes` in one transaction, all or none, and returns them in the
-    /// order given. The rows go in by the `NODES_PER_STATEMENT_MAX`; a conflict names the
-    /// statement's first node.
+    /// Registers `nodes` in one transaction, all or none (a conflict names the node that met
+    /// it), and returns them in the order given. One `INSERT` a node, the statement prepared
+    /// once: sqlx finds each `$N` of a statement by name among all of them, so a multi-row
+    /// `INSERT` of 500 nodes (12,500 parameters) spent its time there.
     pub async fn insert_nodes(&self, nodes: &[NewNode], now: i64) -> Result<Vec<NodeRecord>> {
+        let query = format!(
+            "INSERT INTO nodes ({INSERT_NODE_COLUMNS}) VALUES {} RETURNING id",
+            insert_node_values(0)
+        );
         let mut transaction = self.begin_write().await?;
         let mut records = Vec::with_capacity(nodes.len());
-        for chunk in nodes.chunks(NODES_PER_STATEMENT_MAX) {
-            let values: Vec<String> = (0..chunk.len()).map(insert_node_values).collect();
-            let query = format!(
-                "INSERT INTO nodes ({INSERT_NODE_COLUMNS}) VALUES {} RETURNING id, provider_id, name",
-                values.join(", ")
-            );
-            let mut insert = sqlx::query(sqlx::AssertSqlSafe(query));
-            for node in chunk {
-                insert = bind_node(insert, node, now);
-            }
-            let rows = insert
-                .fetch_all(&mut *transaction)
+        for node in nodes {
+            let row = bind_node(sqlx::query(sqlx::AssertSqlSafe(query.clone())), node, now)
+                .fetch_one(&mut *transaction)
                 .await
-                .map_err(|error| node_conflict(error, chunk))?;
-            // Neither database promises RETURNING's order: match the rows by the key
-            // (provider, name) that makes them unique.
-            let mut ids: std::collections::HashMap<(i64, String), i64> = std::collections::HashMap::new();
-            for row in &rows {
-                ids.insert((row.try_get("provider_id")?, row.try_get("name")?), row.try_get("id")?);
-            }
-            for node in chunk {
-                let id = ids
-                    .get(&(node.provider_id, node.name.clone()))
-                    .copied()
-                    .ok_or_else(|| StoreError::Corrupt(format!("node {:?} was inserted without an id", node.name)))?;
-                records.push(new_node_record(id, node, now));
-            }
+                .map_err(|error| node_conflict(error, node))?;
+            records.push(new_node_record(row.try_get("id")?, node, now));
         }
         transaction.commit().await?;
         Ok(records)

@@ -60,7 +60,12 @@ pub async fn register_nodes(
         }
         nodes.push(node);
     }
-    let records = state.store.insert_nodes(&nodes, state.now_us()).await?;
+    let records = {
+        // A thousand rows hold SQLite's write lock for a while: take the writers' turn, so
+        // that the group-commit writers wait here rather than in SQLite's busy handler.
+        let _turn = state.writer_turn().await;
+        state.store.insert_nodes(&nodes, state.now_us()).await?
+    };
     state.wake.notify_one();
     Ok((
         StatusCode::CREATED,
