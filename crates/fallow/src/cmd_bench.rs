@@ -230,16 +230,35 @@ impl Harness {
         let started = Instant::now();
         let fleet = synth::fleet(&FleetSpec { gpus, seed, prices })?;
         let fleet_build_s = started.elapsed().as_secs_f64();
-        let stream = JobStream::new(&fleet, seed);
-        let node_fabric = fleet.nodes.iter().map(|node| node.path.fabric).collect();
-        let node_gpus: Vec<u8> = fleet.nodes.iter().map(|node| node.gpu_count).collect();
+        let jobs = Jobs::Synthetic(Box::new(JobStream::new(&fleet, seed)));
+        Ok(Harness::assemble(
+            fleet.topology,
+            fleet.nodes,
+            jobs,
+            BENCH_START,
+            seed,
+            fleet_build_s,
+        ))
+    }
+
+    /// The harness over `nodes`, its jobs submitted from `now` on.
+    fn assemble(
+        topology: model::Topology,
+        nodes: Vec<model::Node>,
+        jobs: Jobs,
+        now: Timestamp,
+        seed: u64,
+        fleet_build_s: f64,
+    ) -> Harness {
+        let node_fabric = nodes.iter().map(|node| node.path.fabric).collect();
+        let node_gpus: Vec<u8> = nodes.iter().map(|node| node.gpu_count).collect();
         let node_count = node_gpus.len();
         let started = Instant::now();
-        let matcher = Matcher::new(fleet.topology, fleet.nodes, MatcherConfig::default());
+        let matcher = Matcher::new(topology, nodes, MatcherConfig::default());
         let matcher_build_s = started.elapsed().as_secs_f64();
-        Ok(Harness {
+        Harness {
             matcher,
-            jobs: Jobs::Synthetic(Box::new(stream)),
+            jobs,
             picker: IndexPicker::new(seed),
             running: Vec::new(),
             running_tier: vec![None],
@@ -248,11 +267,11 @@ impl Harness {
             node_gpus,
             node_leases: vec![0; node_count],
             node_non_bronze_leases: vec![0; node_count],
-            now: BENCH_START,
+            now,
             decisions: 0,
             fleet_build_s,
             matcher_build_s,
-        })
+        }
     }
 
     /// The market simulator's fleet and workload (see [`FleetKind::Market`]).
@@ -268,29 +287,18 @@ impl Harness {
         let end = MARKET_BENCH_START + 365 * 86_400;
         let demand = sim::market::Demand::new(&fleet, seed, MARKET_BENCH_START, end, MARKET_LOAD_PERMILLE);
         let workload = sim::market::workload::Workload::new(std::sync::Arc::new(demand));
-        let node_fabric = fleet.nodes.iter().map(|node| node.path.fabric).collect();
-        let node_gpus: Vec<u8> = fleet.nodes.iter().map(|node| node.gpu_count).collect();
-        let node_count = node_gpus.len();
-        let started = Instant::now();
-        let mut matcher = Matcher::new(fleet.topology, fleet.nodes, MatcherConfig::default());
-        matcher.advance_clock(MARKET_BENCH_START);
-        let matcher_build_s = started.elapsed().as_secs_f64();
-        Ok(Harness {
-            matcher,
-            jobs: Jobs::Market(Box::new(workload)),
-            picker: IndexPicker::new(seed),
-            running: Vec::new(),
-            running_tier: vec![None],
-            gpu_milli_used: 0,
-            node_fabric,
-            node_gpus,
-            node_leases: vec![0; node_count],
-            node_non_bronze_leases: vec![0; node_count],
-            now: MARKET_BENCH_START,
-            decisions: 0,
+        let jobs = Jobs::Market(Box::new(workload));
+        let mut harness = Harness::assemble(
+            fleet.topology,
+            fleet.nodes,
+            jobs,
+            MARKET_BENCH_START,
+            seed,
             fleet_build_s,
-            matcher_build_s,
-        })
+        );
+        // The windows' open-time classes are read at the clock's minute.
+        harness.matcher.advance_clock(MARKET_BENCH_START);
+        Ok(harness)
     }
 
     /// The next single-replica job, submitted now.

@@ -318,12 +318,12 @@ impl AppState {
         self.metrics.is_leader.load(Ordering::Relaxed) == 1
     }
 
-    /// A token bucket per account (`node` false) or per node (`node` true).
     /// Nodes whose tunnel to the gateway is up.
     pub fn gateway_tunnels(&self) -> usize {
         self.gateway.tunnels_up()
     }
 
+    /// A token bucket per account (`node` false) or per node (`node` true).
     pub fn rate_limit(&self, node: bool, id: i64) -> Result<(), ApiError> {
         let (rate, burst) = if node {
             (NODE_RATE_PER_S, NODE_BURST)
