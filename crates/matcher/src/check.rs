@@ -140,25 +140,15 @@ impl Matcher {
                 }
             }
         }
-        for (name, order) in [
-            ("by_model", &self.index.by_model),
-            ("by_region_model", &self.index.by_region_model),
-        ] {
-            self.check_order(name, order)?;
+        for (keying_name, keying) in self.index.keyings() {
+            for (name, order, ranges) in keying.orders() {
+                let name = format!("{keying_name} {name}");
+                self.check_order(&name, order)?;
+                order
+                    .check_filters(ranges.into_iter(), &self.statics, &self.window_classes)
+                    .map_err(|error| format!("{name}: {error}"))?;
+            }
         }
-        let index = &self.index;
-        index
-            .by_model
-            .check_filters(index.model_ranges.iter(), &self.statics, &self.window_classes)
-            .map_err(|error| format!("by_model: {error}"))?;
-        index
-            .by_region_model
-            .check_filters(
-                index.region_ranges.iter().flatten(),
-                &self.statics,
-                &self.window_classes,
-            )
-            .map_err(|error| format!("by_region_model: {error}"))?;
         Ok(())
     }
 

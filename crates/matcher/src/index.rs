@@ -1,17 +1,19 @@
-//! Capacity indexes, one per tier. Nodes are laid out in two orders — by (model, key) and by
-//! (region, model, key), where the key is the node's effective ask per compute unit for the
-//! tier — so that
-//! every model, and every (region, model) pair, is a contiguous range of ranks. For each
+//! Capacity indexes. Nodes are laid out in two orders — by (model, key) and by
+//! (region, model, key), where the key is the node's effective ask per compute unit — so that
+//! every model, and every (region, model) pair, is a contiguous range of ranks. There are two
+//! such pairs of orders, two keyings, where providers discount interruptible work by different
+//! shares: firm work (gold, silver) is searched in nodes keyed by their reference ask, bronze
+//! in nodes keyed by their bronze ask, so that each tier's bound on a node's ask is tight. For each
 //! capacity level (whole GPUs free: 1..=16; best free share on a shared GPU: 10 buckets) a
 //! [`RankSet`] holds the ranks of the nodes at that level. "The cheapest node in region r with
 //! model m and exactly 3 whole GPUs free" is one `next_at_or_after` on one set.
 
 use std::ops::Range;
 
-use model::GPUS_PER_NODE_MAX;
+use model::{GPUS_PER_NODE_MAX, Tier};
 
 use crate::rankset::{RankSet, has_bit, set_bit};
-use crate::state::{NodeLoad, NodeStatic};
+use crate::state::{NodeLoad, NodeStatic, effective_ask};
 
 pub(crate) const WHOLE_LEVELS: usize = GPUS_PER_NODE_MAX + 1;
 pub(crate) const SHARE_BUCKETS: usize = 11;
@@ -82,7 +84,8 @@ const NO_FIRST: First = First {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RankEntry {
     pub key: u64,
-    /// The reference ask: a tier's ask is at least this × the tier's ratio bound.
+    /// The ask the node is keyed by: a tier's ask is at least this × the keying's ratio bound
+    /// for the tier.
     pub reference_ask: i64,
     pub node: u32,
     pub reliability_ppm: u32,
@@ -122,9 +125,10 @@ pub(crate) struct Order {
 }
 
 impl Order {
-    fn build(statics: &[NodeStatic], loads: &[NodeLoad], sort_key: impl Fn(usize) -> (u64, u64)) -> Order {
+    /// Nodes ordered by (group, key), with `keyed[node]` the node's (key, ask the key is of).
+    fn build(statics: &[NodeStatic], loads: &[NodeLoad], keyed: &[Keyed], group: impl Fn(usize) -> u64) -> Order {
         let mut nodes: Vec<u32> = (0..statics.len() as u32).collect();
-        nodes.sort_by_key(|&node| (sort_key(node as usize), node));
+        nodes.sort_by_key(|&node| (group(node as usize), keyed[node as usize].key, node));
         let mut ranks = vec![0u32; statics.len()];
         for (rank, &node) in nodes.iter().enumerate() {
             ranks[node as usize] = rank as u32;
@@ -132,8 +136,8 @@ impl Order {
         let entries: Vec<RankEntry> = nodes
             .iter()
             .map(|&node| RankEntry {
-                key: sort_key(node as usize).1,
-                reference_ask: statics[node as usize].reference_ask,
+                key: keyed[node as usize].key,
+                reference_ask: keyed[node as usize].ask,
                 node,
                 reliability_ppm: statics[node as usize].reliability_ppm,
             })
@@ -142,7 +146,7 @@ impl Order {
         let mut range_starts: Vec<u32> = Vec::new();
         let mut previous_group = None;
         for (rank, &node) in nodes.iter().enumerate() {
-            let group = sort_key(node as usize).0;
+            let group = group(node as usize);
             if previous_group != Some(group) {
                 previous_group = Some(group);
                 range_starts.push(rank as u32);
@@ -442,26 +446,33 @@ impl RangeInfo {
     }
 }
 
+/// A node's key in one keying and the ask it is the effective ask of.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Keyed {
+    pub key: u64,
+    pub ask: i64,
+}
+
+/// The two orders of one keying, their ranges, and how far a tier's ask can fall below the ask
+/// the nodes are keyed by.
 #[derive(Clone, Debug)]
-pub(crate) struct Index {
+pub(crate) struct Keying {
     pub by_model: Order,
     pub by_region_model: Order,
     /// Ranges of `by_model`, one per model present.
     pub model_ranges: Vec<RangeInfo>,
     /// Ranges of `by_region_model`: `region_ranges[r]` lists that region's model ranges.
     pub region_ranges: Vec<Vec<RangeInfo>>,
+    /// Per tier, the lowest ratio of a node's ask for the tier to the ask it is keyed by, times
+    /// the lowest price-rule multiplier: key × this bounds any node's effective ask for the tier.
+    pub tier_ratio_permille: [u64; 3],
 }
 
-impl Index {
-    pub fn build(statics: &[NodeStatic], loads: &[NodeLoad], regions: usize) -> Index {
-        let mut by_model = Order::build(statics, loads, |node| {
-            (u64::from(statics[node].model), statics[node].reference_key)
-        });
-        let mut by_region_model = Order::build(statics, loads, |node| {
-            (
-                (u64::from(statics[node].region) << 16) | u64::from(statics[node].model),
-                statics[node].reference_key,
-            )
+impl Keying {
+    fn build(statics: &[NodeStatic], loads: &[NodeLoad], regions: usize, keyed: &[Keyed]) -> Keying {
+        let mut by_model = Order::build(statics, loads, keyed, |node| u64::from(statics[node].model));
+        let mut by_region_model = Order::build(statics, loads, keyed, |node| {
+            (u64::from(statics[node].region) << 16) | u64::from(statics[node].model)
         });
         let mut model_ranges = ranges(&by_model.nodes, statics, |node| statics[node].model as usize);
         let mut region_ranges = vec![Vec::new(); regions];
@@ -477,24 +488,125 @@ impl Index {
         }
         by_model.set_ask_steps(model_ranges.iter_mut());
         by_region_model.set_ask_steps(region_ranges.iter_mut().flatten());
-        Index {
+        let ask_floor_permille_min = statics.iter().map(|node| node.ask_floor_permille).min().unwrap_or(1000);
+        let tier_ratio_permille = [0usize, 1, 2].map(|tier| {
+            let ratio = statics
+                .iter()
+                .zip(keyed)
+                .filter(|(node, keyed)| node.tiers & (1 << tier) != 0 && node.asks[tier] != i64::MAX && keyed.ask > 0)
+                .map(|(node, keyed)| (i128::from(node.asks[tier]) * 1000 / i128::from(keyed.ask)).max(0) as u64)
+                .min()
+                .unwrap_or(1000);
+            ratio * u64::from(ask_floor_permille_min) / 1000
+        });
+        Keying {
             by_model,
             by_region_model,
             model_ranges,
             region_ranges,
+            tier_ratio_permille,
         }
+    }
+
+    /// Both orders, with their names and ranges.
+    pub fn orders(&self) -> [(&'static str, &Order, Vec<&RangeInfo>); 2] {
+        [
+            ("by_model", &self.by_model, self.model_ranges.iter().collect()),
+            (
+                "by_region_model",
+                &self.by_region_model,
+                self.region_ranges.iter().flatten().collect(),
+            ),
+        ]
+    }
+}
+
+/// Bronze asks that are the same share of every node's reference ask, to within this (per
+/// mille of the lowest share), are searched in the firm keying: its bound is then tight for
+/// bronze too, and a second keying would only double the cost of every capacity change.
+const BRONZE_SHARE_SPREAD_PERMILLE: u64 = 10;
+
+#[derive(Clone, Debug)]
+pub(crate) struct Index {
+    /// Nodes keyed by their reference ask (silver, else the lowest sold): for gold and silver,
+    /// and for bronze when `bronze` is `None`.
+    pub firm: Keying,
+    /// Nodes keyed by their bronze ask (those that do not sell bronze, by the reference ask),
+    /// when providers discount bronze by different shares of their reference ask.
+    pub bronze: Option<Keying>,
+}
+
+impl Index {
+    pub fn build(statics: &[NodeStatic], loads: &[NodeLoad], regions: usize) -> Index {
+        let reference: Vec<Keyed> = statics
+            .iter()
+            .map(|node| Keyed {
+                key: node.reference_key,
+                ask: node.reference_ask,
+            })
+            .collect();
+        let bronze = Tier::Bronze as usize;
+        let sells_bronze = |node: &NodeStatic| node.tiers & (1 << bronze) != 0 && node.asks[bronze] != i64::MAX;
+        let shares = statics
+            .iter()
+            .filter(|node| sells_bronze(node) && node.reference_ask > 0)
+            .map(|node| (i128::from(node.asks[bronze]) * 1000 / i128::from(node.reference_ask)).max(0) as u64);
+        let (lowest, highest) = shares.fold((u64::MAX, 0), |(lowest, highest), share| {
+            (lowest.min(share), highest.max(share))
+        });
+        let spread = highest > lowest && (highest - lowest) * 1000 > lowest.max(1) * BRONZE_SHARE_SPREAD_PERMILLE;
+        let bronze_keying = spread.then(|| {
+            let by_bronze: Vec<Keyed> = statics
+                .iter()
+                .zip(&reference)
+                .map(|(node, reference)| {
+                    if sells_bronze(node) {
+                        Keyed {
+                            key: effective_ask(node.asks[bronze], node.cu_milli, node.reliability_weight_ppm),
+                            ask: node.asks[bronze],
+                        }
+                    } else {
+                        *reference
+                    }
+                })
+                .collect();
+            Keying::build(statics, loads, regions, &by_bronze)
+        });
+        Index {
+            firm: Keying::build(statics, loads, regions, &reference),
+            bronze: bronze_keying,
+        }
+    }
+
+    /// The keying a tier's work is searched in.
+    pub fn keying(&self, tier: Tier) -> &Keying {
+        match (tier, &self.bronze) {
+            (Tier::Bronze, Some(bronze)) => bronze,
+            _ => &self.firm,
+        }
+    }
+
+    /// Every keying, with its name.
+    pub fn keyings(&self) -> impl Iterator<Item = (&'static str, &Keying)> {
+        std::iter::once(("firm", &self.firm)).chain(self.bronze.iter().map(|keying| ("bronze", keying)))
+    }
+
+    fn orders_mut(&mut self) -> impl Iterator<Item = &mut Order> {
+        std::iter::once(&mut self.firm)
+            .chain(self.bronze.as_mut())
+            .flat_map(|keying| [&mut keying.by_model, &mut keying.by_region_model])
     }
 
     pub fn set_window_class(&mut self, node: usize, from: u8, to: u8) {
         if from != to {
-            for order in [&mut self.by_model, &mut self.by_region_model] {
+            for order in self.orders_mut() {
                 order.set_window_class(node, from, to);
             }
         }
     }
 
     pub fn move_node(&mut self, node: usize, from: Levels, to: Levels) {
-        for order in [&mut self.by_model, &mut self.by_region_model] {
+        for order in self.orders_mut() {
             order.set(node, from, false);
             order.set(node, to, true);
         }

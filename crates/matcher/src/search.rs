@@ -82,28 +82,25 @@ impl Matcher {
         }
     }
 
-    /// The node ranges a job may use: per (region, model) with a region list, else per model.
+    /// The node ranges a job may use, in its tier's keying: per (region, model) with a region
+    /// list, else per model.
     pub(crate) fn ranges_for<'a>(
         &'a self,
         context: &'a JobContext,
     ) -> impl Iterator<Item = (&'a Order, &'a RangeInfo)> + 'a {
         let tier = context.tier as usize;
         let max_price = context.job.max_price.0;
+        let keying = self.index.keying(context.tier);
         let by_region: Box<dyn Iterator<Item = (&Order, &RangeInfo)>> = if context.job.regions.is_empty() {
-            Box::new(
-                self.index
-                    .model_ranges
-                    .iter()
-                    .map(move |range| (&self.index.by_model, range)),
-            )
+            Box::new(keying.model_ranges.iter().map(move |range| (&keying.by_model, range)))
         } else {
             Box::new(context.job.regions.iter().flat_map(move |region| {
-                self.index
+                keying
                     .region_ranges
                     .get(region.index())
                     .into_iter()
                     .flatten()
-                    .map(move |range| (&self.index.by_region_model, range))
+                    .map(move |range| (&keying.by_region_model, range))
             }))
         };
         by_region.filter(move |(_, range)| context.model_allowed(range.model) && range.ask_min[tier] <= max_price)
@@ -250,9 +247,9 @@ impl Matcher {
     }
 
     /// A lower bound on a node's score for a tier, at any time, with a lane's least penalty;
-    /// monotone along the lane's order.
-    fn bound(&self, key: u64, tier: usize, penalty_permille: u64) -> u64 {
-        let effective = key / 1000 * self.tier_ratio_permille[tier];
+    /// monotone along the lane's order. `ratio_permille` is the keying's ratio bound for the tier.
+    fn bound(key: u64, ratio_permille: u64, penalty_permille: u64) -> u64 {
+        let effective = key / 1000 * ratio_permille;
         effective.saturating_add(effective.saturating_mul(penalty_permille) / 1000)
     }
 
@@ -296,7 +293,8 @@ impl Matcher {
         let reliability_min = context.job.reliability_min_ppm;
         let tier = context.tier as usize;
         // A node whose reference ask is above this cannot meet the price cap in this tier.
-        let ratio = self.tier_ratio_permille[tier].max(1);
+        let tier_ratio = self.index.keying(context.tier).tier_ratio_permille[tier];
+        let ratio = tier_ratio.max(1);
         let reference_ask_max = i64::try_from(i128::from(max_price) * 1000 / i128::from(ratio)).unwrap_or(i64::MAX);
         // The window filter holds at the clock's minute; with a stale clock every node is tried
         // (feasibility checks windows exactly either way).
@@ -312,7 +310,7 @@ impl Matcher {
         for (position, (order, range)) in ranges.iter().enumerate() {
             let lowest = order.entries[range.ranks.start as usize].key;
             if lowest <= range.key_max(reference_ask_max) {
-                heap.push(Reverse((self.bound(lowest, tier, 0), RANGE | position as u32)));
+                heap.push(Reverse((Self::bound(lowest, tier_ratio, 0), RANGE | position as u32)));
             }
         }
         // Moves the cheapest of `lanes` to the front.
@@ -348,7 +346,7 @@ impl Matcher {
                         return;
                     }
                     waiting.push(Lane {
-                        bound: self.bound(first.key, tier, penalty),
+                        bound: Self::bound(first.key, tier_ratio, penalty),
                         set,
                         rank: first.rank,
                         penalty: u32::try_from(penalty).unwrap_or(u32::MAX),
@@ -413,13 +411,19 @@ impl Matcher {
             let penalty = u64::from(cursor.penalty);
             if skipped {
                 cursor.rank = rank as u32;
-                heap.push(Reverse((self.bound(order.entries[rank].key, tier, penalty), index)));
+                heap.push(Reverse((
+                    Self::bound(order.entries[rank].key, tier_ratio, penalty),
+                    index,
+                )));
                 continue;
             }
             let node = order.entries[rank].node as usize;
             if let Some(next) = next_after(rank) {
                 cursor.rank = next as u32;
-                heap.push(Reverse((self.bound(order.entries[next].key, tier, penalty), index)));
+                heap.push(Reverse((
+                    Self::bound(order.entries[next].key, tier_ratio, penalty),
+                    index,
+                )));
             }
             let Ok(fit) = self.fit_on(node, &self.loads[node], context) else {
                 continue;

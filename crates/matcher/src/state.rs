@@ -40,8 +40,9 @@ pub(crate) struct NodeStatic {
     pub reliability_ppm: u32,
     /// Base asks per tier in micro-dollars per GPU-hour; `i64::MAX` where the tier is not sold.
     pub asks: [i64; 3],
-    /// The key the index orders by: the effective ask of the silver ask (or, where silver is
-    /// not sold, the lowest ask sold). Tier bounds scale it by `Matcher::tier_ratio_permille`.
+    /// The key the firm work's index orders by: the effective ask of the silver ask (or, where
+    /// silver is not sold, the lowest ask sold). Tier bounds scale it by the keying's
+    /// `tier_ratio_permille`.
     pub reference_key: u64,
     /// The ask behind `reference_key`.
     pub reference_ask: i64,
@@ -153,7 +154,6 @@ pub struct Matcher {
     /// The capacity index, ordered by each node's reference effective ask.
     pub(crate) index: Index,
     /// Scales a reference key into a lower bound of a tier's effective ask (thousandths).
-    pub(crate) tier_ratio_permille: [u64; 3],
     pub(crate) leases: Vec<LeaseSlot>,
     pub(crate) free_slots: Vec<u32>,
     pub(crate) jobs: FixedMap<JobId, JobRecord>,
@@ -337,20 +337,8 @@ impl Matcher {
             .filter(|node| !node.policy.price_rules.is_empty())
             .map(|node| node.id.0)
             .collect();
-        let ask_floor_permille_min = statics.iter().map(|node| node.ask_floor_permille).min().unwrap_or(1000);
         let regions = topology.regions.len().max(1);
         let index = Index::build(&statics, &loads, regions);
-        // Per tier, the lowest ratio of a node's ask for the tier to its reference ask, and the
-        // lowest price-rule multiplier: reference key × both bounds any node's effective ask.
-        let tier_ratio_permille = [0usize, 1, 2].map(|tier| {
-            let ratio = statics
-                .iter()
-                .filter(|node| node.tiers & (1 << tier) != 0 && node.asks[tier] != i64::MAX && node.reference_ask > 0)
-                .map(|node| (i128::from(node.asks[tier]) * 1000 / i128::from(node.reference_ask)).max(0) as u64)
-                .min()
-                .unwrap_or(1000);
-            ratio * u64::from(ask_floor_permille_min) / 1000
-        });
         let reservations = Reservations::new(nodes.len());
         let node_count = nodes.len();
         let (fabric_nodes, fabric_starts) = group_by_fabric(&statics);
@@ -368,7 +356,6 @@ impl Matcher {
             next_epoch: 1,
             gpu_milli_total,
             gpu_milli_used: 0,
-            tier_ratio_permille,
             windowed,
             priced,
             clock_minute: None,

@@ -515,3 +515,33 @@ fn a_job_that_names_its_runtime_goes_only_where_that_runs() {
         explained.message
     );
 }
+
+#[test]
+fn bronze_goes_to_the_lowest_bronze_ask_when_providers_discount_it_differently() {
+    // Silver asks 1.00 / 2.00 / 3.00; bronze asks 0.90 / 0.40 / 0.60: the bronze order is not
+    // the silver order, so bronze work is searched in nodes keyed by their bronze asks.
+    let (topology, mut nodes) = fleet(vec![
+        node("eu", "H100", 8, "1.00", 0.99),
+        node("eu", "H100", 8, "2.00", 0.99),
+        node("eu", "H100", 8, "3.00", 0.99),
+    ]);
+    for (node, bronze) in nodes.iter_mut().zip([900_000, 400_000, 600_000]) {
+        node.policy.asks[Tier::Bronze as usize] = Some(Micros(bronze));
+    }
+    let mut m = matcher::Matcher::new(topology, nodes, Default::default());
+    let silver = m.place(&job(1, Tier::Silver, whole(8), "5"), NOW).unwrap();
+    assert_eq!(silver.leases[0].node, NodeId(0), "silver: the lowest silver ask");
+    let bronze = m.place(&job(2, Tier::Bronze, whole(8), "5"), NOW).unwrap();
+    assert_eq!(bronze.leases[0].node, NodeId(1), "bronze: the lowest bronze ask");
+    // The only loser left is node 2's bronze ask.
+    assert_eq!(bronze.leases[0].price, Micros(600_000));
+    assert!(
+        m.place(&job(3, Tier::Bronze, whole(8), "0.50"), NOW).is_err(),
+        "node 2's bronze ask 0.60 is over the cap"
+    );
+    m.release_job(model::JobId(2), NOW);
+    m.consistency_check().unwrap();
+    let again = m.place(&job(4, Tier::Bronze, whole(8), "0.50"), NOW).unwrap();
+    assert_eq!(again.leases[0].node, NodeId(1));
+    m.consistency_check().unwrap();
+}

@@ -76,10 +76,11 @@ impl ProviderKind {
     /// ahead of every datacentre in the matcher's order, and work longer than a lab's night
     /// walked past all of them: the index does not know windows.)
     ///
-    /// The bronze share is one per kind, not drawn per provider: the matcher's index keys every
-    /// node on its silver ask and bounds a tier by the fleet's lowest tier-to-silver ratio, so
-    /// ratios spread over 0.3–0.6 made bronze searches visit three times as many nodes (measured
-    /// on the 1M-GPU fleet).
+    /// The bronze share is one per kind, not drawn per provider. (It was chosen when the
+    /// matcher's index keyed every node on its silver ask and bounded bronze by the fleet's
+    /// lowest bronze-to-silver ratio, so spread ratios made bronze searches slow; the index now
+    /// keys bronze sellers by their bronze ask when shares differ, and the simulator's figures
+    /// are kept comparable by leaving the shares as they were.)
     fn profile(self) -> KindProfile {
         match self {
             ProviderKind::Datacentre => KindProfile {
