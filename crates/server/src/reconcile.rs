@@ -598,11 +598,16 @@ async fn write_placements(
         .zip(pending.chunks(PLACEMENTS_PER_COMMIT_MAX))
     {
         let result = {
-            let _turn = state.writer_turn().await;
-            state
-                .store
-                .commit_placements(writes, now, state.fence.load(std::sync::atomic::Ordering::SeqCst))
+            let turn = state.writer_turn().await;
+            let (store, writes) = (state.store.clone(), writes.to_vec());
+            let fence = state.fence.load(std::sync::atomic::Ordering::SeqCst);
+            let committed = state
+                .writes
+                .run(async move { store.commit_placements(&writes, now, fence).await })
                 .await
+                .unwrap_or_else(|stopped| Err(store::StoreError::Refused(stopped.to_string())));
+            drop(turn);
+            committed
         };
         let committed_at = state.now_us();
         let mut guard = state.view.lock().await;

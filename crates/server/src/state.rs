@@ -9,7 +9,7 @@ use std::time::Instant;
 use store::{Backend, JobRecord, NewJob, Role, Store};
 use trust::{NonceCache, VerifyingKey};
 
-use crate::batch::{Batcher, WriterHome};
+use crate::batch::{Batcher, WriterHome, WriterThread};
 use crate::beats::Beats;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{
@@ -52,6 +52,8 @@ pub struct AppState {
     pub nonce_cache: Mutex<NonceCache>,
     /// Agents' signatures, verified in batches (`signatures`).
     pub signatures: crate::signatures::Signatures,
+    /// Where the leader's placements are committed (see [`WriterThread`]).
+    pub writes: WriterThread,
     pub nonces: Batcher<(i64, String, i64), bool>,
     pub beats: Beats,
     /// The gateway's tunnels, requests in flight and services' replicas (`gateway`).
@@ -134,6 +136,7 @@ impl AppState {
         AppState {
             store,
             signatures: crate::signatures::Signatures::start(),
+            writes: WriterThread::start(home),
             nonce_cache: Mutex::new(NonceCache::new(
                 config.max_skew_ms.saturating_mul(2),
                 trust::NONCES_MAX,

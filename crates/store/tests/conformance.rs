@@ -340,7 +340,15 @@ async fn nodes_heartbeats_and_nonces() {
         assert_eq!(fresh, vec![true, true, true], "{backend}");
         let again = store.remember_nonces(&[(first.id, "aa".to_string(), 2)]).await.unwrap();
         assert_eq!(again, vec![false], "{backend}: a replayed nonce is refused");
-        assert_eq!(store.forget_nonces_before(2).await.unwrap(), 3);
+        // A replay inside one batch: the first is new, the second not; a batch longer than one
+        // statement keeps its order.
+        let mut batch: Vec<(i64, String, i64)> = (0..600).map(|n| (second.id, format!("n{n}"), 1)).collect();
+        batch.insert(300, (second.id, "n7".to_string(), 1));
+        batch.push((first.id, "bb".to_string(), 1));
+        let fresh = store.remember_nonces(&batch).await.unwrap();
+        let expected: Vec<bool> = (0..batch.len()).map(|at| at != 300 && at != 601).collect();
+        assert_eq!(fresh, expected, "{backend}: replays within and before the batch");
+        assert_eq!(store.forget_nonces_before(2).await.unwrap(), 603);
     })
     .await;
 }
