@@ -213,7 +213,7 @@ async fn launch<E: agent::exec::Executor>(
     })
 }
 
-/// Starts the agent with `executor` and runs it until Ctrl-C.
+/// Starts the agent with `executor` and runs it until SIGTERM or Ctrl-C.
 async fn serve<E: agent::exec::Executor>(
     config: agent::AgentConfig,
     inventory: agent::gpu::Inventory,
@@ -222,8 +222,8 @@ async fn serve<E: agent::exec::Executor>(
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let running = launch(config, inventory, executor, stopped).await?;
     eprintln!("fallow: {}", running.summary);
-    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
-    eprintln!("fallow: agent stopping");
+    let signal = crate::signals::stop_requested().await?;
+    eprintln!("fallow: {signal}: agent stopping");
     let _ = stop.send(true);
     running.task.await.context("the agent's loop")??;
     Ok(())

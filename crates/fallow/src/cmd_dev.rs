@@ -68,7 +68,7 @@ pub fn run(args: DevArgs) -> anyhow::Result<()> {
     })
 }
 
-/// Everything after the coordinator is up, until Ctrl-C.
+/// Everything after the coordinator is up, until SIGTERM or Ctrl-C.
 async fn serve(args: &DevArgs, base: &str) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
     let admin_key = read_key(&args.data_dir.join(server::ADMIN_KEY_FILE))
@@ -103,9 +103,9 @@ async fn serve(args: &DevArgs, base: &str) -> anyhow::Result<()> {
     eprintln!("fallow dev: try, in another terminal:");
     eprintln!("  export FALLOW_URL={base} FALLOW_API_KEY=$(cat {data_dir}/{TENANT_KEY_FILE})");
     eprintln!("  fallow job submit --gpus 1 --tier silver --max-price 5 --process -- sh -c 'echo hi'");
-    eprintln!("fallow dev: Ctrl-C stops everything; a restart keeps the state");
-    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
-    eprintln!("fallow dev: stopping");
+    eprintln!("fallow dev: Ctrl-C stops everything (SIGTERM too); a restart keeps the state");
+    let signal = crate::signals::stop_requested().await?;
+    eprintln!("fallow dev: {signal}: stopping");
     let _ = stop.send(true);
     if let Some(agent) = agent {
         agent.task.await.context("the agent's loop")??;

@@ -55,8 +55,8 @@ pub fn run(args: GatewayArgs) -> anyhow::Result<()> {
             "fallow: gateway listening on http://{} (services at /s/{{service}}/…)",
             running.addr
         );
-        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
-        eprintln!("fallow: stopping");
+        let signal = crate::signals::stop_requested().await?;
+        eprintln!("fallow: {signal}: stopping");
         running.stop().await;
         Ok(())
     })

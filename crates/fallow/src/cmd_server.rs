@@ -90,8 +90,8 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
             "fallow: coordinator listening on http://{} (API explorer at /v1/explorer)",
             running.addr
         );
-        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
-        eprintln!("fallow: stopping");
+        let signal = crate::signals::stop_requested().await?;
+        eprintln!("fallow: {signal}: stopping");
         running.stop().await;
         Ok(())
     })

@@ -14,6 +14,7 @@ mod cmd_dev;
 mod cmd_gateway;
 mod cmd_server;
 mod cmd_sim;
+mod signals;
 
 use std::process::ExitCode;
 

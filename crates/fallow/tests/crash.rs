@@ -2,7 +2,8 @@
 //! while jobs are being submitted (group-committed) and placed (leases and escrow holds
 //! committed), restart it on the same database and data directory, and check that every
 //! acknowledged job survived and keeps its id, that nothing was leased twice, that matching
-//! resumes, and that the ledger balances. Three rounds, each killing at another moment.
+//! resumes, and that the ledger balances. Three rounds, each killing at another moment. And a
+//! SIGTERM, which must stop it cleanly (exit status 0) with the same guarantees.
 
 mod common;
 
@@ -165,4 +166,57 @@ async fn postgres_coordinator_killed_mid_submission_and_placement_loses_nothing(
     let database = fresh_postgres_database(&base).await;
     crash_rounds("postgres", &database, &scratch).await;
     drop_postgres_database(&base, &database).await;
+}
+
+/// SIGTERM mid-submission: the coordinator exits 0 within seconds, every job it acknowledged is
+/// there after a restart, and matching resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_coordinator_stops_cleanly_on_sigterm() {
+    let scratch = Scratch::new("fallow_sigterm_sqlite");
+    let database = format!("sqlite://{}", scratch.path.join("fallow.db").display());
+    let http = http();
+    let data_dir = scratch.path.join("data");
+    let mut server = Coordinator::start("coordinator", &database, &data_dir, &scratch.path).await;
+    let admin_key = server.admin_key().expect("the first start writes admin.key");
+    let market = set_up_market(&http, &server.url, &admin_key, NODES, GPUS_PER_NODE).await;
+    let targets = Targets::new(vec![server.url.clone()]);
+    let heartbeats = Heartbeats::start(&http, market.agents.clone(), targets.clone());
+    wait_online(&http, &server.url, &market, Duration::from_secs(20)).await;
+    let storm = Storm::start(
+        &http,
+        targets.clone(),
+        &market.tenant_key,
+        "term",
+        SUBMITTERS,
+        JOBS_PER_ROUND_MAX,
+        SUBMIT_PAUSE,
+    );
+    let deadline = Instant::now() + MOMENT_WITHIN;
+    while storm.acked() < 8 {
+        assert!(Instant::now() < deadline, "8 acknowledgements within {MOMENT_WITHIN:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let status = server.terminate(Duration::from_secs(30));
+    let outcomes = storm.stop().await;
+    assert!(
+        status.is_some_and(|status| status.success()),
+        "exit status {status:?} after SIGTERM; log:\n{}",
+        server.log_tail()
+    );
+    assert!(server.log_tail().contains("SIGTERM: stopping"), "{}", server.log_tail());
+    let store = Store::open(&database).await.expect("the test opens the database");
+    assert_invariants(&store, market.tenant_id, &outcomes.acked).await;
+    server = Coordinator::start("coordinator", &database, &data_dir, &scratch.path).await;
+    targets.set(vec![server.url.clone()]);
+    let jobs = resubmit(&http, &targets, &market.tenant_key, &outcomes).await;
+    let acked: Vec<(String, i64)> = jobs.into_iter().collect();
+    wait_all_placed(&store, PLACED_WITHIN).await;
+    let counts = assert_invariants(&store, market.tenant_id, &acked).await;
+    assert_eq!(
+        counts.running,
+        acked.len(),
+        "every job placed after the restart: {counts:?}"
+    );
+    heartbeats.stop().await;
+    store.close().await;
 }

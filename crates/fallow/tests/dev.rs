@@ -56,9 +56,9 @@ impl Dev {
         }
     }
 
-    /// Ctrl-C, and how it exited.
-    fn interrupt(&mut self) -> std::process::ExitStatus {
-        send_sigint(self.child.id());
+    /// A signal (`-INT`: Ctrl-C; `-TERM`: what systemd and `docker stop` send), and how it exited.
+    fn stop_with(&mut self, signal: &str) -> std::process::ExitStatus {
+        send_signal(self.child.id(), signal);
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
@@ -77,12 +77,12 @@ impl Drop for Dev {
     }
 }
 
-/// SIGINT through kill(1), as a terminal's Ctrl-C would send it.
-fn send_sigint(pid: u32) {
+/// A signal through kill(1) (`-INT` as a terminal's Ctrl-C would send it).
+fn send_signal(pid: u32, signal: &str) {
     let status = Command::new("kill")
-        .args(["-INT", &pid.to_string()])
+        .args([signal, &pid.to_string()])
         .status()
-        .expect("kill -INT");
+        .expect("kill(1) runs");
     assert!(status.success());
 }
 
@@ -246,12 +246,14 @@ fn dev_runs_a_process_job_and_a_container_job_from_the_cli_and_keeps_its_state()
     let node = &nodes.as_array().expect("a list")[0];
     assert_eq!(node["simulated"], true, "labelled simulated: {node}");
 
-    // Ctrl-C stops everything cleanly; a restart keeps the jobs and the keys.
-    let status = dev.interrupt();
+    // SIGTERM (a service manager's stop) stops everything cleanly; a restart keeps the jobs
+    // and the keys.
+    let status = dev.stop_with("-TERM");
     assert!(status.success(), "exit status {status}:\n{}", dev.log());
+    assert!(dev.log().contains("SIGTERM: stopping"), "{}", dev.log());
     assert!(
         std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
-        "nothing listens after Ctrl-C"
+        "nothing listens after SIGTERM"
     );
     drop(dev);
     let mut dev = Dev::start(&data_dir, port, scratch.path.join("dev-again.log"));
@@ -278,6 +280,7 @@ fn dev_runs_a_process_job_and_a_container_job_from_the_cli_and_keeps_its_state()
         Some(1),
         "the same node, not a second: {nodes}"
     );
-    let status = dev.interrupt();
+    // Ctrl-C does the same.
+    let status = dev.stop_with("-INT");
     assert!(status.success(), "exit status {status}:\n{}", dev.log());
 }

@@ -243,6 +243,27 @@ impl Coordinator {
         );
     }
 
+    /// SIGTERM (what systemd and `docker stop` send), then waits up to `within` for the process
+    /// to exit and returns how it exited (`None`: still running; it is killed then).
+    pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill(1) runs");
+        assert!(sent.success(), "kill -TERM {}", child.id());
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait().expect("poll the server process") {
+                return Some(status);
+            }
+            std::thread::sleep(POLL_EVERY);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
     /// SIGKILL (what `Child::kill` sends on Unix), then reap the process.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
