@@ -58,6 +58,26 @@ impl AgentProcess {
     pub fn log_tail(&self) -> String {
         format!("{} log:\n{}", self.name, tail(&self.log, 4000))
     }
+
+    /// SIGTERM, then how the process exited within `within` (`None`: it did not; killed then).
+    pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill(1) runs");
+        assert!(sent.success(), "kill -TERM {}", child.id());
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait().expect("poll the agent process") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
 }
 
 impl Drop for AgentProcess {
