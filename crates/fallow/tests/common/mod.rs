@@ -150,6 +150,26 @@ pub fn http() -> reqwest::Client {
         .expect("an HTTP client builds")
 }
 
+/// Sends SIGTERM to `child` and waits up to `within` for it to exit: how it exited, or `None`
+/// when it did not (it is killed then).
+pub fn terminate(mut child: Child, within: Duration) -> Option<std::process::ExitStatus> {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill(1) runs");
+    assert!(sent.success(), "kill -TERM {}", child.id());
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().expect("poll the child process") {
+            return Some(status);
+        }
+        std::thread::sleep(POLL_EVERY);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
 /// One `fallow server` process. Dropping it kills the process.
 pub struct Coordinator {
     pub name: String,
@@ -243,25 +263,10 @@ impl Coordinator {
         );
     }
 
-    /// SIGTERM (what systemd and `docker stop` send), then waits up to `within` for the process
-    /// to exit and returns how it exited (`None`: still running; it is killed then).
+    /// SIGTERM (what systemd and `docker stop` send), then how the process exited within
+    /// `within` (see [`terminate`]).
     pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
-        let mut child = self.child.take()?;
-        let sent = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .expect("kill(1) runs");
-        assert!(sent.success(), "kill -TERM {}", child.id());
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Some(status) = child.try_wait().expect("poll the server process") {
-                return Some(status);
-            }
-            std::thread::sleep(POLL_EVERY);
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        None
+        terminate(self.child.take()?, within)
     }
 
     /// SIGKILL (what `Child::kill` sends on Unix), then reap the process.

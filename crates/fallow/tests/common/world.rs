@@ -59,24 +59,9 @@ impl AgentProcess {
         format!("{} log:\n{}", self.name, tail(&self.log, 4000))
     }
 
-    /// SIGTERM, then how the process exited within `within` (`None`: it did not; killed then).
+    /// SIGTERM, then how the process exited within `within` (see [`super::terminate`]).
     pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
-        let mut child = self.child.take()?;
-        let sent = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .expect("kill(1) runs");
-        assert!(sent.success(), "kill -TERM {}", child.id());
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Some(status) = child.try_wait().expect("poll the agent process") {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        None
+        super::terminate(self.child.take()?, within)
     }
 }
 
