@@ -494,7 +494,7 @@ impl Keying {
                 .iter()
                 .zip(keyed)
                 .filter(|(node, keyed)| node.tiers & (1 << tier) != 0 && node.asks[tier] != i64::MAX && keyed.ask > 0)
-                .map(|(node, keyed)| (i128::from(node.asks[tier]) * 1000 / i128::from(keyed.ask)).max(0) as u64)
+                .map(|(node, keyed)| share_permille(node.asks[tier], keyed.ask))
                 .min()
                 .unwrap_or(1000);
             ratio * u64::from(ask_floor_permille_min) / 1000
@@ -550,7 +550,7 @@ impl Index {
         let shares = statics
             .iter()
             .filter(|node| sells_bronze(node) && node.reference_ask > 0)
-            .map(|node| (i128::from(node.asks[bronze]) * 1000 / i128::from(node.reference_ask)).max(0) as u64);
+            .map(|node| share_permille(node.asks[bronze], node.reference_ask));
         let (lowest, highest) = shares.fold((u64::MAX, 0), |(lowest, highest), share| {
             (lowest.min(share), highest.max(share))
         });
@@ -611,6 +611,11 @@ impl Index {
             order.set(node, to, true);
         }
     }
+}
+
+/// `ask` as thousandths of `of` (positive).
+fn share_permille(ask: i64, of: i64) -> u64 {
+    (i128::from(ask) * 1000 / i128::from(of)).max(0) as u64
 }
 
 /// Splits an order into maximal runs with the same group.
