@@ -1,5 +1,7 @@
 //! The agent's side of the coordinator's API: node registration with the provider's API key,
-//! and every other request signed with the node's key.
+//! and every other request signed with the node's key. Also how every client of the coordinator
+//! (agent, CLI, gateway) trusts a private CA's certificates beside the system's roots
+//! (`--ca-cert`, `read_ca_certs`).
 
 use api::{AgentLease, HeartbeatRequest, HeartbeatResponse, LeaseEventRequest, NodeRegistration, NodeView};
 use serde::Serialize;
@@ -13,9 +15,14 @@ pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 pub enum ClientError {
     #[error("the coordinator could not be reached: {0}")]
     Unreachable(String),
-    /// The coordinator refused the request; `status` and its JSON error's message.
+    /// The coordinator refused the request; `status`, its JSON error's message, and the wait it
+    /// named (`Retry-After`, on 429 and 503).
     #[error("the coordinator answered {status}: {message}")]
-    Refused { status: u16, message: String },
+    Refused {
+        status: u16,
+        message: String,
+        retry_after: Option<std::time::Duration>,
+    },
     #[error("the coordinator's answer could not be read: {0}")]
     BadAnswer(String),
 }
@@ -24,6 +31,24 @@ impl ClientError {
     /// A 409: the lease is not live at this epoch any more (stop it).
     pub fn is_conflict(&self) -> bool {
         matches!(self, ClientError::Refused { status: 409, .. })
+    }
+
+    /// Worth asking again after a wait: the coordinator was not reached, was busy (429) or
+    /// failed (5xx). Any other refusal would only be refused again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::Unreachable(_) => true,
+            ClientError::Refused { status, .. } => *status == 429 || *status >= 500,
+            ClientError::BadAnswer(_) => false,
+        }
+    }
+
+    /// The wait the coordinator named, if it named one.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            ClientError::Refused { retry_after, .. } => *retry_after,
+            _ => None,
+        }
     }
 }
 
@@ -48,12 +73,17 @@ fn now_ms() -> i64 {
 }
 
 async fn answer<T: DeserializeOwned>(sent: reqwest::Result<reqwest::Response>) -> Result<T, ClientError> {
-    let response = sent.map_err(|error| ClientError::Unreachable(error.to_string()))?;
+    let response = sent.map_err(|error| ClientError::Unreachable(with_causes(&error)))?;
     let status = response.status();
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(api::backoff::parse_retry_after);
     let bytes = response
         .bytes()
         .await
-        .map_err(|error| ClientError::Unreachable(error.to_string()))?;
+        .map_err(|error| ClientError::Unreachable(with_causes(&error)))?;
     if !status.is_success() {
         let message = serde_json::from_slice::<serde_json::Value>(&bytes)
             .ok()
@@ -62,17 +92,59 @@ async fn answer<T: DeserializeOwned>(sent: reqwest::Result<reqwest::Response>) -
         return Err(ClientError::Refused {
             status: status.as_u16(),
             message,
+            retry_after,
         });
     }
     serde_json::from_slice(&bytes).map_err(|error| ClientError::BadAnswer(error.to_string()))
 }
 
+/// The largest CA file read: a bundle of a few certificates is a few KiB.
+const CA_BYTES_MAX: u64 = 1 << 20;
+
+/// The certificates of a PEM file (`--ca-cert`, `FALLOW_CA_CERT`): a private CA that signed the
+/// coordinator's or a gateway's certificate, trusted besides the system's roots. The error
+/// starts with the path and says what is wrong with the file; the caller names its flag.
+pub fn read_ca_certs(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>, String> {
+    let shown = path.display();
+    let metadata = std::fs::metadata(path).map_err(|error| format!("{shown}: cannot be read: {error}"))?;
+    if metadata.len() > CA_BYTES_MAX {
+        return Err(format!("{shown}: is over {CA_BYTES_MAX} bytes; is it a PEM file?"));
+    }
+    let pem = std::fs::read(path).map_err(|error| format!("{shown}: cannot be read: {error}"))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+        .map_err(|error| format!("{shown}: is not a PEM certificate bundle: {error}"))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{shown}: holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+        ));
+    }
+    Ok(certs)
+}
+
+/// An error with its causes, `: `-separated: reqwest's own text leaves out why a request
+/// failed (a refused connection, a certificate not trusted).
+pub fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
 impl Client {
     pub fn new(coordinator: &str) -> Result<Client, ClientError> {
+        Client::trusting(coordinator, &[])
+    }
+
+    /// A client that trusts `ca_certs` besides the system's roots (see `read_ca_certs`).
+    pub fn trusting(coordinator: &str, ca_certs: &[reqwest::Certificate]) -> Result<Client, ClientError> {
         let http = reqwest::Client::builder()
             .tcp_nodelay(true)
+            .tls_certs_merge(ca_certs.iter().cloned())
             .build()
-            .map_err(|error| ClientError::Unreachable(error.to_string()))?;
+            .map_err(|error| ClientError::Unreachable(with_causes(&error)))?;
         Ok(Client {
             http,
             base: coordinator.trim_end_matches('/').to_string(),

@@ -7,13 +7,15 @@
 //! (`Routes::ready`); a request for one that is not is answered here, marked unreached, so the
 //! gateway may send it to another replica. A tunnel that breaks is dialled again. Gateways
 //! running as their own processes (`fallow gateway`) are named in the heartbeat's answer; the
-//! agent keeps one tunnel to each as well (`keep`).
+//! agent keeps one tunnel to each as well (`keep`). An `https://` gateway is dialled over TLS,
+//! trusting the system's roots and the agent's `--ca-cert`; the upgrade then runs inside TLS.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use api::backoff::Backoff;
 use bytes::Bytes;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -67,6 +69,7 @@ fn now_ms() -> i64 {
 /// `gateways` lists (it changes with the heartbeats' answers), until `shutdown` turns true.
 pub async fn keep(
     coordinator: String,
+    ca_certs: Vec<reqwest::Certificate>,
     key: Arc<NodeKey>,
     node_id: i64,
     routes: Routes,
@@ -97,6 +100,7 @@ pub async fn keep(
                 let (stop, stopped) = watch::channel(false);
                 tokio::spawn(run(
                     entry.key().clone(),
+                    ca_certs.clone(),
                     Arc::clone(&key),
                     node_id,
                     routes.clone(),
@@ -116,15 +120,21 @@ pub async fn keep(
 }
 
 /// Keeps the node's tunnel to one gateway up until `shutdown` turns true: dials, serves, and dials again after
-/// a pause that grows to 10 s while the coordinator cannot be reached.
+/// a pause drawn with full jitter from a window that doubles from 250 ms to 10 s while the gateway cannot be
+/// reached (`api::backoff`), so a restarted gateway is not dialled by every node at once.
 pub async fn run(
     coordinator: String,
+    ca_certs: Vec<reqwest::Certificate>,
     key: Arc<NodeKey>,
     node_id: i64,
     routes: Routes,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut pause = Duration::from_millis(250);
+    let mut backoff = Backoff::new(
+        Duration::from_millis(250),
+        Duration::from_secs(10),
+        api::backoff::seed_from_clock(node_id as u64),
+    );
     let replicas: HttpClient<HttpConnector, Incoming> = HttpClient::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .build_http();
@@ -135,7 +145,7 @@ pub async fn run(
         let started = std::time::Instant::now();
         tokio::select! {
             _ = shutdown.changed() => return,
-            result = serve_once(&coordinator, &key, node_id, &routes, &replicas) => {
+            result = serve_once(&coordinator, &ca_certs, &key, node_id, &routes, &replicas) => {
                 match result {
                     Ok(()) => tracing::info!(gateway = coordinator, "the gateway's tunnel closed; dialling again"),
                     Err(error) => tracing::warn!(gateway = coordinator, %error, "the gateway's tunnel: dialling again"),
@@ -143,27 +153,30 @@ pub async fn run(
             }
         }
         if started.elapsed() > Duration::from_secs(30) {
-            pause = Duration::from_millis(250);
+            backoff.succeeded();
         }
+        let pause = backoff.failed(None);
         tokio::select! {
             _ = shutdown.changed() => return,
             () = tokio::time::sleep(pause) => {}
         }
-        pause = (pause * 2).min(Duration::from_secs(10));
     }
 }
 
 /// One tunnel: dial, upgrade, serve until the connection ends.
 async fn serve_once(
     coordinator: &str,
+    ca_certs: &[reqwest::Certificate],
     key: &NodeKey,
     node_id: i64,
     routes: &Routes,
     replicas: &HttpClient<HttpConnector, Incoming>,
 ) -> Result<(), String> {
+    // HTTP/1.1 (its ALPN too, over TLS): the upgrade is an HTTP/1.1 mechanism.
     let http = reqwest::Client::builder()
         .http1_only()
         .tcp_nodelay(true)
+        .tls_certs_merge(ca_certs.iter().cloned())
         .build()
         .map_err(|error| error.to_string())?;
     let body = b"{}".to_vec();
@@ -178,14 +191,17 @@ async fn serve_once(
     for (name, value) in signed.header_pairs() {
         request = request.header(name, value);
     }
-    let response = request.send().await.map_err(|error| error.to_string())?;
+    let response = request
+        .send()
+        .await
+        .map_err(|error| crate::client::with_causes(&error))?;
     if response.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
         return Err(format!("the gateway answered {status}: {text}"));
     }
     let upgraded = response.upgrade().await.map_err(|error| error.to_string())?;
-    tracing::info!("the gateway's tunnel is up");
+    tracing::info!(gateway = coordinator, "the gateway's tunnel is up");
     let routes = routes.clone();
     let replicas = replicas.clone();
     let service = hyper::service::service_fn(move |request| {

@@ -122,6 +122,7 @@ fn agent_config(world: &World, name: &str) -> AgentConfig {
 fn agent_config_via(world: &World, name: &str, coordinator: &str) -> AgentConfig {
     AgentConfig {
         coordinator: coordinator.to_string(),
+        ca_certs: Vec::new(),
         provider_key: Some(world.provider_key.clone()),
         data_dir: world.dir.join(name),
         name: name.to_string(),
@@ -743,7 +744,7 @@ async fn e2e_a_rotated_key_replaces_the_old_one() {
     task.await.unwrap();
     let dir = world.dir.join("rotor");
     let old = agent::state::load_key(&dir).unwrap();
-    let new_public = agent::rotate_key(&dir, &world.base)
+    let new_public = agent::rotate_key(&dir, &world.base, &[])
         .await
         .expect("the rotation is accepted");
     let new = agent::state::load_key(&dir).unwrap();
@@ -1015,5 +1016,92 @@ async fn e2e_datasets_are_verified_before_the_job_starts() {
     );
     check_balances(&world, read).await;
     stop_agent(stop, task).await;
+    world.end().await;
+}
+
+/// A coordinator that restarts is not met by all its agents in the same second: agents that lost
+/// it together (their heartbeats failing on the same beat) come back on backoff drawn with full
+/// jitter, spread over the heartbeat interval, instead of on the beat they shared. The spread is
+/// measured from the restarted coordinator's record of each node's first heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_a_restarted_coordinator_is_met_by_its_agents_spread_out() {
+    const AGENTS: usize = 24;
+    const INTERVAL_MS: u64 = 10_000;
+    let world = world_with(|config| config.heartbeat_interval_ms = INTERVAL_MS).await;
+    let mut agents = Vec::new();
+    for index in 0..AGENTS {
+        agents.push(start_agent(&world, &format!("crowd-{index}"), ProcessExecutor).await);
+    }
+    let listed = |world: &World| {
+        let (http, base, key) = (world.http.clone(), world.base.clone(), world.provider_key.clone());
+        async move {
+            let answer = http.get(format!("{base}/v1/nodes")).bearer_auth(&key).send().await;
+            let nodes: Vec<Value> = match answer {
+                Ok(answer) if answer.status().is_success() => answer.json().await.unwrap_or_default(),
+                _ => Vec::new(),
+            };
+            nodes
+                .iter()
+                .filter_map(|node| Some((node["id"].as_i64()?, node["last_heartbeat_at_us"].as_i64()?)))
+                .collect::<std::collections::BTreeMap<i64, i64>>()
+        }
+    };
+    let deadline = Instant::now() + DEADLINE;
+    while listed(&world).await.len() < AGENTS {
+        assert!(Instant::now() < deadline, "every agent heartbeats");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Down for longer than two beats: every agent's heartbeat fails while it is away.
+    let mut world = world;
+    let running = world.running;
+    let addr = running.addr;
+    running.stop().await;
+    tokio::time::sleep(Duration::from_millis(2 * INTERVAL_MS + 5_000)).await;
+    let config = server::Config {
+        listen: addr.to_string(),
+        data_dir: world.dir.join("coordinator"),
+        heartbeat_interval_ms: INTERVAL_MS,
+        gold_needs_badge: false,
+        strict_view: true,
+        ..server::Config::default()
+    };
+    let database = format!("sqlite://{}", world.dir.join("fallow.db").display());
+    world.running = server::start(&database, config)
+        .await
+        .expect("the coordinator starts again");
+    let restarted_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    // Each node's first heartbeat after the restart, seen before its second can replace it.
+    let mut first = std::collections::BTreeMap::<i64, i64>::new();
+    let deadline = Instant::now() + Duration::from_millis(INTERVAL_MS + 5_000);
+    while first.len() < AGENTS && Instant::now() < deadline {
+        for (node, at_us) in listed(&world).await {
+            if at_us >= restarted_us {
+                first.entry(node).or_insert(at_us);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(first.len(), AGENTS, "every agent came back within a heartbeat interval");
+    let mut per_second = std::collections::BTreeMap::<i64, usize>::new();
+    for at_us in first.values() {
+        *per_second.entry((at_us - restarted_us) / 1_000_000).or_default() += 1;
+    }
+    let busiest = per_second.values().copied().max().unwrap_or(0);
+    let span_ms = (first.values().max().unwrap() - first.values().min().unwrap()) / 1000;
+    eprintln!("agents back per second after the restart: {per_second:?}; span {span_ms} ms");
+    assert!(
+        busiest * 2 <= AGENTS,
+        "{busiest} of {AGENTS} agents came back in the same second: {per_second:?}"
+    );
+    assert!(
+        span_ms >= 3_000,
+        "the agents came back within {span_ms} ms: {per_second:?}"
+    );
+    for (_, stop, task) in agents {
+        stop_agent(stop, task).await;
+    }
     world.end().await;
 }

@@ -64,6 +64,7 @@ async fn output_across_an_agent_restart_is_all_there_with_a_marker() {
     let (tenant, provider) = (keys[0].1.clone(), keys[1].1.clone());
     let config = AgentConfig {
         coordinator: base.clone(),
+        ca_certs: Vec::new(),
         provider_key: Some(provider),
         data_dir: dir.join("agent"),
         name: "rig".into(),

@@ -223,6 +223,7 @@ fn agent_config(world: &World, name: &str, coordinator: &str) -> AgentConfig {
 fn agent_config_for(world: &World, provider_key: &str, name: &str, coordinator: &str, silver: &str) -> AgentConfig {
     AgentConfig {
         coordinator: coordinator.to_string(),
+        ca_certs: Vec::new(),
         provider_key: Some(provider_key.to_string()),
         data_dir: world.dir.join(name),
         name: name.to_string(),

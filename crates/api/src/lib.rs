@@ -6,6 +6,7 @@
 //! Money on the wire: requests give dollars as decimal strings ("2.10", exact, no floats);
 //! responses give integer micro-dollars in fields ending `_micros`.
 
+pub mod backoff;
 mod convert;
 mod filter;
 mod policy;

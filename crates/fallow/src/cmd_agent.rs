@@ -20,6 +20,10 @@ pub struct AgentArgs {
         default_value = "http://127.0.0.1:7070"
     )]
     coordinator: String,
+    /// A PEM file of a private CA to trust, besides the system's roots, for an https://
+    /// coordinator and its gateways.
+    #[arg(long, global = true, env = "FALLOW_CA_CERT", value_name = "PATH")]
+    ca_cert: Option<PathBuf>,
     /// The provider's API key (needed the first time, to register the node).
     #[arg(long, env = "FALLOW_PROVIDER_KEY")]
     provider_key: Option<String>,
@@ -290,6 +294,7 @@ fn agent_config(
     let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
     Ok(agent::AgentConfig {
         coordinator,
+        ca_certs: Vec::new(),
         provider_key,
         data_dir,
         name,
@@ -415,10 +420,14 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         println!("{}", agent::topology::describe(&domain, readings.as_ref()));
         return Ok(());
     }
+    let ca_certs = match &args.ca_cert {
+        Some(path) => agent::client::read_ca_certs(path).map_err(|error| anyhow::anyhow!("--ca-cert {error}"))?,
+        None => Vec::new(),
+    };
     if let Some(AgentCommand::RotateKey) = args.command {
         let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
         let public = runtime
-            .block_on(agent::rotate_key(&args.data_dir, &args.coordinator))
+            .block_on(agent::rotate_key(&args.data_dir, &args.coordinator, &ca_certs))
             .context("rotating the node's key")?;
         eprintln!(
             "fallow: the node's new key is {public}; {} holds it (mode 0600)",
@@ -446,6 +455,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         },
     )?;
     let config = agent::AgentConfig {
+        ca_certs,
         region: args.region,
         fabric: args.fabric.unwrap_or(config.fabric.clone()),
         topology,

@@ -190,6 +190,7 @@ async fn drive(args: &ServeArgs, running: &server::Running, folder: &std::path::
         routed += 1;
         tokio::spawn(agent::tunnel::run(
             base.clone(),
+            Vec::new(),
             Arc::clone(key),
             *node_id,
             routes,

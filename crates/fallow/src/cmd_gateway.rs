@@ -15,7 +15,8 @@ pub struct GatewayArgs {
     /// Address to serve on.
     #[arg(long, default_value = "127.0.0.1:7080", env = "FALLOW_GATEWAY_LISTEN")]
     listen: String,
-    /// The URL agents dial for their tunnels (default: http:// and the address served on).
+    /// The URL agents dial for their tunnels (default: http://, or https:// with --tls-cert,
+    /// and the address served on).
     #[arg(long, env = "FALLOW_GATEWAY_URL")]
     advertise: Option<String>,
     /// The region the gateway serves from (shown to operators).
@@ -27,6 +28,17 @@ pub struct GatewayArgs {
     /// A file holding the admin's API key (a coordinator's data directory's admin.key).
     #[arg(long, conflicts_with = "api_key")]
     api_key_file: Option<std::path::PathBuf>,
+    /// Serve over TLS with this PEM certificate chain; needs --tls-key. Plain HTTP to the port
+    /// is then refused.
+    #[arg(long, env = "FALLOW_GATEWAY_TLS_CERT", value_name = "PATH", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "FALLOW_GATEWAY_TLS_KEY", value_name = "PATH", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// A PEM file of a private CA to trust, besides the system's roots, for https://
+    /// coordinators.
+    #[arg(long, env = "FALLOW_CA_CERT", value_name = "PATH")]
+    ca_cert: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: GatewayArgs) -> anyhow::Result<()> {
@@ -40,7 +52,18 @@ pub fn run(args: GatewayArgs) -> anyhow::Result<()> {
             "a gateway needs an admin's API key: --api-key-file DATA_DIR/admin.key, --api-key or FALLOW_API_KEY"
         ),
     };
+    let ca_certs = match &args.ca_cert {
+        Some(path) => agent::client::read_ca_certs(path).map_err(|error| anyhow::anyhow!("--ca-cert {error}"))?,
+        None => Vec::new(),
+    };
+    let tls = match (args.tls_cert, args.tls_key) {
+        (Some(cert), Some(key)) => Some(server::TlsFiles { cert, key }),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let config = server::EdgeConfig {
+        tls,
+        ca_certs,
         listen: args.listen,
         url: args.advertise,
         region: args.region,
@@ -52,7 +75,7 @@ pub fn run(args: GatewayArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let running = server::start_edge(config).await.context("starting the gateway")?;
         eprintln!(
-            "fallow: gateway listening on http://{} (services at /s/{{service}}/…)",
+            "fallow: gateway listening on {scheme}://{} (services at /s/{{service}}/…)",
             running.addr
         );
         let signal = crate::signals::stop_requested().await?;

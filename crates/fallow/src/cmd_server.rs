@@ -46,6 +46,46 @@ pub struct ServerArgs {
     /// its image present and its datasets staged) is placed again without the nodes that lag.
     #[arg(long, default_value_t = 600_000)]
     gang_start_timeout_ms: u64,
+    /// Serve the API over TLS with this PEM certificate chain (the server's certificate first,
+    /// then any intermediates); needs --tls-key. Plain HTTP to the port is then refused.
+    #[arg(long, env = "FALLOW_TLS_CERT", value_name = "PATH", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "FALLOW_TLS_KEY", value_name = "PATH", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// A file holding a token that reads /metrics besides an admin's API key: give Prometheus
+    /// the same file (`authorization: {credentials_file: PATH}`). Or the token itself in the
+    /// environment, FALLOW_METRICS_TOKEN. Without either, only admins' keys read /metrics.
+    #[arg(long, value_name = "PATH")]
+    metrics_token_file: Option<PathBuf>,
+}
+
+/// The fewest characters a metrics token may have: it guards the platform's books.
+pub const METRICS_TOKEN_CHARS_MIN: usize = 16;
+
+/// The metrics token from `--metrics-token-file` or `FALLOW_METRICS_TOKEN` (trimmed, as
+/// Prometheus trims its credentials file), if either is given.
+fn metrics_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
+    let from_env = std::env::var("FALLOW_METRICS_TOKEN")
+        .ok()
+        .filter(|token| !token.trim().is_empty());
+    let (token, source) = match (file, from_env) {
+        (Some(_), Some(_)) => anyhow::bail!("give --metrics-token-file or FALLOW_METRICS_TOKEN, not both"),
+        (Some(path), None) => (
+            std::fs::read_to_string(path)
+                .with_context(|| format!("--metrics-token-file {}: cannot be read", path.display()))?,
+            format!("--metrics-token-file {}", path.display()),
+        ),
+        (None, Some(token)) => (token, "FALLOW_METRICS_TOKEN".to_string()),
+        (None, None) => return Ok(None),
+    };
+    let token = token.trim().to_string();
+    anyhow::ensure!(
+        token.chars().count() >= METRICS_TOKEN_CHARS_MIN && !token.contains(char::is_whitespace),
+        "the metrics token from {source} must be at least {METRICS_TOKEN_CHARS_MIN} characters without spaces; \
+         make one with `openssl rand -hex 32`"
+    );
+    Ok(Some(token))
 }
 
 pub fn init_logging() {
@@ -67,7 +107,14 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     let database = args
         .database
         .unwrap_or_else(|| format!("sqlite://{}", args.data_dir.join("fallow.db").display()));
+    let tls = match (args.tls_cert, args.tls_key) {
+        (Some(cert), Some(key)) => Some(server::TlsFiles { cert, key }),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let config = server::Config {
+        tls,
+        metrics_token: metrics_token(args.metrics_token_file.as_deref())?,
         listen: args.listen,
         data_dir: args.data_dir,
         heartbeat_timeout_ms: args.heartbeat_timeout_ms,
@@ -87,7 +134,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
             .map_err(|error| anyhow::anyhow!("{error}"))
             .with_context(|| format!("starting the coordinator on {database}"))?;
         eprintln!(
-            "fallow: coordinator listening on http://{} (API explorer at /v1/explorer)",
+            "fallow: coordinator listening on {scheme}://{} (API explorer at /v1/explorer)",
             running.addr
         );
         let signal = crate::signals::stop_requested().await?;

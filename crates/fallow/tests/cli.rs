@@ -10,25 +10,13 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use api::{NodeRegistration, NodeView, PolicyDoc};
-use common::{Coordinator, Scratch};
+use common::{Coordinator, Scratch, cli as fallow};
 use serde_json::{Value, json};
 
 /// A key that has the shape of an API key but that no coordinator issued.
 const UNKNOWN_KEY: &str = "fallow_000000000000_0000000000000000000000000000000000000000000000000000000000000000";
 /// How long a job run by a real agent may take to finish.
 const JOB_FINISHES_WITHIN: Duration = Duration::from_secs(30);
-
-/// Runs the CLI with only the given environment (and a home without a config file).
-fn fallow(home: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fallow"))
-        .args(args)
-        .env_clear()
-        .env("HOME", home)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .output()
-        .expect("run the fallow binary")
-}
 
 /// Its stdout, after checking that it succeeded.
 fn ok(output: Output, what: &str) -> String {

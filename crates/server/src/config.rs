@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use matcher::MatcherConfig;
 
+use crate::tls::TlsFiles;
+
 /// How long a verified API key is trusted without asking the store again. A key revoked on
 /// another replica stops working within this time; on this replica, at once.
 pub const API_KEY_CACHE_TTL: Duration = Duration::from_secs(2);
@@ -67,6 +69,12 @@ pub struct Config {
     /// repair) is placed again, without the nodes that did not stage (the start barrier's
     /// deadline: image pulls and dataset staging must fit in it).
     pub gang_start_timeout_ms: u64,
+    /// Serve the API over TLS with this certificate chain and key (`--tls-cert`, `--tls-key`);
+    /// `None`: plain HTTP, for a loopback address or behind a proxy that ends TLS.
+    pub tls: Option<TlsFiles>,
+    /// A bearer token that reads `/metrics` besides an admin's API key (`--metrics-token-file`,
+    /// `FALLOW_METRICS_TOKEN`): what a Prometheus server is given instead of an admin's key.
+    pub metrics_token: Option<String>,
 }
 
 impl Config {
@@ -112,6 +120,8 @@ impl Default for Config {
             strict_view: false,
             reconcile: true,
             gang_start_timeout_ms: 600_000,
+            tls: None,
+            metrics_token: None,
         }
     }
 }

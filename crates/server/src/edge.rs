@@ -27,13 +27,15 @@ use tokio::sync::watch;
 use trust::NonceCache;
 
 use crate::gateway::{DIRECTORY_TTL, Endpoint, Gateway, TUNNEL_PROTOCOL, WAKE_POLL, answer, not_woken, service_path};
+use crate::tls::{Listening, TlsFiles};
 
 /// How a gateway of its own runs.
 #[derive(Clone, Debug)]
 pub struct EdgeConfig {
     /// The address to listen on.
     pub listen: String,
-    /// The URL agents dial for their tunnels (default: `http://` and the address listened on).
+    /// The URL agents dial for their tunnels (default: `http://`, or `https://` with `tls`, and
+    /// the address listened on).
     pub url: Option<String>,
     /// The region it serves from (reported; for operators).
     pub region: String,
@@ -43,6 +45,11 @@ pub struct EdgeConfig {
     pub admin_key: String,
     /// How far a tunnel's signed time may be from this host's clock (ms).
     pub max_skew_ms: i64,
+    /// Serve over TLS with this certificate chain and key (`--tls-cert`, `--tls-key`).
+    pub tls: Option<TlsFiles>,
+    /// Certificates trusted besides the system's roots when dialling the coordinators (a
+    /// private CA's, `--ca-cert`).
+    pub ca_certs: Vec<reqwest::Certificate>,
 }
 
 /// How often the gateway reports to the coordinators.
@@ -107,17 +114,23 @@ pub async fn start_edge(config: EdgeConfig) -> std::io::Result<RunningEdge> {
             "--coordinator {bad:?} is not an http:// or https:// URL"
         )));
     }
-    let listener = tokio::net::TcpListener::bind(&config.listen).await?;
-    let addr = listener.local_addr()?;
+    let tls = match &config.tls {
+        Some(files) => Some(crate::tls::server_config(files).map_err(std::io::Error::other)?),
+        None => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let listening = Listening::bind(&config.listen, tls).await?;
+    let addr = listening.local_addr()?;
     let url = config
         .url
         .clone()
-        .unwrap_or_else(|| format!("http://{addr}"))
+        .unwrap_or_else(|| format!("{scheme}://{addr}"))
         .trim_end_matches('/')
         .to_string();
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .tcp_nodelay(true)
+        .tls_certs_merge(config.ca_certs.clone())
         .build()
         .map_err(std::io::Error::other)?;
     let edge = Arc::new(Edge {
@@ -139,15 +152,14 @@ pub async fn start_edge(config: EdgeConfig) -> std::io::Result<RunningEdge> {
         .route("/s/{service}", any(serve))
         .route("/s/{service}/{*path}", any(serve))
         .fallback(|| async { answer(StatusCode::NOT_FOUND, "a gateway serves /s/{service}/… only") })
+        .layer(axum::middleware::map_response(crate::error::name_the_wait))
         .with_state(Arc::clone(&edge));
     let mut serve_watch = watch.clone();
     let server = tokio::spawn(async move {
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = serve_watch.wait_for(|stop| *stop).await;
-            })
-            .await;
-        if let Err(error) = result {
+        let stop = async move {
+            let _ = serve_watch.wait_for(|stop| *stop).await;
+        };
+        if let Err(error) = listening.serve(app, stop).await {
             tracing::error!(%error, "the gateway stopped");
         }
     });

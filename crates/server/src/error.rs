@@ -110,3 +110,53 @@ impl From<TrustError> for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// Seconds a client told 429 or 503 waits before it asks again: the rate limits refill per
+/// second, and a store or a leader that is briefly away is back within that order. Clients add
+/// their own jitter on top (`api::backoff`), so a crowd told the same second spreads out.
+pub const RETRY_AFTER_S: u64 = 1;
+
+/// Names a wait on every 429 and 503 that does not name one already, whichever part of the
+/// server (a handler, an extractor, the gateway) refused: layered over the whole router.
+pub async fn name_the_wait(mut response: Response) -> Response {
+    let status = response.status();
+    if (status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE)
+        && !response.headers().contains_key(axum::http::header::RETRY_AFTER)
+    {
+        response.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from(RETRY_AFTER_S),
+        );
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn every_429_and_503_names_a_wait_and_nothing_else_does() {
+        for error in [
+            ApiError::RateLimited(10),
+            ApiError::Unavailable("the store is away".into()),
+        ] {
+            let response = name_the_wait(error.into_response()).await;
+            let wait = response.headers().get(axum::http::header::RETRY_AFTER);
+            assert_eq!(wait.and_then(|value| value.to_str().ok()), Some("1"));
+        }
+        for error in [
+            ApiError::BadRequest("no".into()),
+            ApiError::Conflict("taken".into()),
+            ApiError::Internal("broken".into()),
+        ] {
+            let response = name_the_wait(error.into_response()).await;
+            assert!(response.headers().get(axum::http::header::RETRY_AFTER).is_none());
+        }
+        let mut told = ApiError::RateLimited(1).into_response();
+        told.headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(30u64));
+        let kept = name_the_wait(told).await;
+        assert_eq!(kept.headers()[axum::http::header::RETRY_AFTER], "30");
+    }
+}

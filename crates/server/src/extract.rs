@@ -119,6 +119,37 @@ impl FromRequestParts<Arc<AppState>> for ServiceAuth {
     }
 }
 
+/// The reader of `/metrics`: an admin's API key, or the metrics token (`Config::metrics_token`,
+/// what a Prometheus server is given). Anyone else gets a 401, a tenant's or provider's key too:
+/// the metrics show the platform's fee balance and every tenant's services.
+pub struct MetricsReader;
+
+impl FromRequestParts<Arc<AppState>> for MetricsReader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let refused = || {
+            ApiError::Unauthorized(
+                "/metrics is read with an admin's API key or the metrics token (fallow server \
+                 --metrics-token-file): send Authorization: Bearer <key or token>"
+                    .into(),
+            )
+        };
+        let presented = bearer(parts).map_err(|_| refused())?;
+        // Compared as hashes: `verify_secret` compares in constant time.
+        if let Some(token) = &state.config.metrics_token
+            && trust::verify_secret(presented, &trust::hash_secret(token))
+        {
+            return Ok(MetricsReader);
+        }
+        match state.authenticate(presented).await {
+            Ok(caller) if caller.role == store::Role::Admin => Ok(MetricsReader),
+            Ok(_) | Err(ApiError::Unauthorized(_)) => Err(refused()),
+            Err(error) => Err(error),
+        }
+    }
+}
+
 /// A request signed by a node's key: verified, fresh, never seen before (checked against this
 /// replica's memory and, through a group commit, against every replica's record).
 ///

@@ -29,6 +29,7 @@ mod routes;
 mod services;
 mod signatures;
 mod state;
+mod tls;
 mod usage;
 mod wire;
 
@@ -49,6 +50,7 @@ pub use config::Config;
 pub use edge::{EdgeConfig, RunningEdge, start_edge};
 pub use error::ApiError;
 pub use state::AppState;
+pub use tls::{HANDSHAKE_TIMEOUT, TlsError, TlsFiles};
 
 /// The system clock (wall time plus a test's offset), what a running coordinator reads.
 pub fn now_us() -> i64 {
@@ -135,6 +137,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(|| async { ApiError::NotFound("no such endpoint; see /v1/openapi.json".into()) })
         .layer(DefaultBodyLimit::max(api::REQUEST_BODY_BYTES_MAX))
         .layer(catch_panics())
+        .layer(axum::middleware::map_response(error::name_the_wait))
         .with_state(state)
 }
 
@@ -309,6 +312,8 @@ pub async fn start_with_clock(
     config: Config,
     clock: Arc<dyn Clock>,
 ) -> anyhow_like::Result<Running> {
+    // The certificate and key first: a mistake in them fails the start before anything else.
+    let tls = config.tls.as_ref().map(tls::server_config).transpose()?;
     std::fs::create_dir_all(&config.data_dir)?;
     let store = Store::open(database_url).await?;
     if let Some(path) = bootstrap_admin(&store, &config.data_dir).await? {
@@ -318,22 +323,17 @@ pub async fn start_with_clock(
         );
         eprintln!("fallow: created the admin account; its API key is in {path}");
     }
-    let listener = tokio::net::TcpListener::bind(&config.listen).await?;
-    let addr = listener.local_addr()?;
+    let listening = tls::Listening::bind(&config.listen, tls).await?;
+    let addr = listening.local_addr()?;
     let state = Arc::new(AppState::with_clock(store, config, clock));
     let (shutdown, watch) = tokio::sync::watch::channel(false);
     let mut serve_watch = watch.clone();
     let app = router(state.clone());
     let serve = tokio::spawn(async move {
-        let result = axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
+        let stop = async move {
             let _ = serve_watch.wait_for(|stop| *stop).await;
-        })
-        .await;
-        if let Err(error) = result {
+        };
+        if let Err(error) = listening.serve(app, stop).await {
             tracing::error!(%error, "the API server stopped");
         }
     });

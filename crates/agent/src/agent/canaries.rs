@@ -8,7 +8,7 @@ use std::time::Duration;
 use api::CanaryOrder;
 use trust::NodeKey;
 
-use super::{Agent, RETRY_AFTER, now_ms};
+use super::{Agent, now_ms};
 use crate::client::{Client, ClientError};
 use crate::exec::Executor;
 
@@ -179,13 +179,14 @@ async fn run_canary(
 /// refusal (4xx) is logged and dropped.
 async fn report_canary(result: trust::canary::CanaryResult, client: Arc<Client>, key: Arc<NodeKey>, node_id: i64) {
     let id = result.canary_id;
+    let mut backoff = api::backoff::Backoff::agent(api::backoff::seed_from_clock(id as u64));
     for attempt in 1..=CANARY_REPORT_ATTEMPTS_MAX {
         match client.canary_result(&key, node_id, &result).await {
             Ok(finding) => {
                 tracing::info!(canary = id, %finding, rate_milli = result.rate_milli, "canary reported");
                 return;
             }
-            Err(ClientError::Refused { status, message }) if (400..500).contains(&status) => {
+            Err(ClientError::Refused { status, message, .. }) if (400..500).contains(&status) && status != 429 => {
                 tracing::warn!(canary = id, status, %message, "the canary's result was refused");
                 return;
             }
@@ -196,7 +197,7 @@ async fn report_canary(result: trust::canary::CanaryResult, client: Arc<Client>,
             }
             Err(error) => {
                 tracing::warn!(canary = id, attempt, %error, "the canary's result waits to be sent again");
-                tokio::time::sleep(RETRY_AFTER * attempt).await;
+                tokio::time::sleep(backoff.failed(error.retry_after())).await;
             }
         }
     }

@@ -11,7 +11,7 @@ use api::{AgentLease, LeaseEventRequest};
 use tokio::sync::watch;
 use trust::NodeKey;
 
-use super::{Agent, LOG_SETTLE, RETRY_AFTER, Run, now_ms};
+use super::{Agent, LOG_SETTLE, Run, now_ms};
 use crate::client::{Client, ClientError, LeaseSet};
 use crate::exec::{Executor, Exit, RunSpec};
 use crate::guard::{Fence, Guards};
@@ -193,8 +193,8 @@ impl<E: Executor> Agent<E> {
         };
         if let Err(error) = self.report(lease, "staging", None, "").await {
             tracing::warn!(lease = id, %error, "could not report staging; not starting");
-            if !matches!(error, ClientError::Refused { .. }) {
-                // The coordinator could not be reached: try again.
+            if self.pacer.failed(&error).is_some() {
+                // The coordinator could not be reached or take it now: try again after a wait.
                 self.launch_waiting = true;
             }
             return;
@@ -485,6 +485,7 @@ pub(super) async fn poll_leases(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut known: Option<String> = None;
+    let mut backoff = api::backoff::Backoff::agent(api::backoff::seed_from_clock(node_id as u64));
     loop {
         let asked = client.leases(&key, node_id, LEASE_POLL_WAIT_MS, known.as_deref());
         let answer = tokio::select! {
@@ -494,15 +495,17 @@ pub(super) async fn poll_leases(
         match answer {
             Ok(set) => {
                 contact.send_replace(tokio::time::Instant::now());
+                backoff.succeeded();
                 if known.as_deref() != Some(set.version.as_str()) {
                     known = Some(set.version.clone());
                     let _ = sets.send(Some(set));
                 }
             }
             Err(error) => {
-                tracing::warn!(%error, "lease poll failed; asking again shortly");
+                let wait = backoff.failed(error.retry_after());
+                tracing::warn!(%error, wait_ms = wait.as_millis() as u64, "lease poll failed; asking again");
                 tokio::select! {
-                    () = tokio::time::sleep(RETRY_AFTER) => {}
+                    () = tokio::time::sleep(wait) => {}
                     _ = shutdown.changed() => return,
                 }
             }

@@ -155,10 +155,12 @@ impl<E: Executor> Agent<E> {
                 // Kept on disk with the next chunk: until then a restarted agent sends this one
                 // again, which the coordinator takes as a repeat.
                 run.log.sent = run.log.sending;
+                self.pacer.succeeded();
                 true
             }
             Err(error) => {
                 tracing::warn!(lease = id, %error, "a chunk of output was not taken");
+                self.pacer.failed(&error);
                 false
             }
         }

@@ -19,16 +19,22 @@ impl<E: Executor> Agent<E> {
         self.send_usage(record).await;
     }
 
-    /// Sends a usage record; one the coordinator could not be reached for waits in `unsent`.
+    /// Sends a usage record; one the coordinator could not be reached for, or could not take for
+    /// now (429, 5xx), waits in `unsent`.
     /// Returns false when it could not be reached.
     async fn send_usage(&mut self, record: trust::UsageRecord) -> bool {
         match self.client.usage(&self.key, self.node_id, &record).await {
-            Ok(_) => true,
-            Err(error @ ClientError::Refused { .. }) => {
+            Ok(_) => {
+                self.pacer.succeeded();
+                true
+            }
+            Err(error @ ClientError::Refused { .. }) if !error.is_transient() => {
                 tracing::warn!(lease = record.lease_id, %error, "a usage record was refused");
                 true
             }
             Err(error) => {
+                // Unreachable, busy (429) or failing (5xx): kept, and sent again after a wait.
+                self.pacer.failed(&error);
                 tracing::warn!(lease = record.lease_id, %error, "a usage record waits to be sent again");
                 if self.unsent.len() >= UNSENT_USAGE_MAX {
                     self.unsent.pop_front();

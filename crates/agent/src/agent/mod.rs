@@ -24,6 +24,7 @@ mod gang;
 mod leases;
 mod logs;
 mod metering;
+mod pacer;
 mod progress;
 
 use leases::{feed_guards, poll_leases};
@@ -35,13 +36,17 @@ pub use logs::{LOG_CHUNK_BYTES, LOG_SETTLE};
 
 /// How often the loop looks at its replicas (exits, usage, preemption times).
 pub const TICK: Duration = Duration::from_millis(250);
-/// How long the agent waits before asking again after the coordinator could not be reached.
-pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How many times the agent tries to register before it gives up (and its service manager
+/// starts it again): with backoff from 0.5 s, about a minute.
+pub const REGISTER_ATTEMPTS_MAX: u32 = 8;
 
 /// What the agent is told at start.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
     pub coordinator: String,
+    /// Certificates trusted besides the system's roots when dialling the coordinator and its
+    /// gateways over https (a private CA's, `--ca-cert`).
+    pub ca_certs: Vec<reqwest::Certificate>,
     /// The provider's API key; needed only to register the node the first time.
     pub provider_key: Option<String>,
     pub data_dir: PathBuf,
@@ -197,6 +202,8 @@ pub struct Agent<E: Executor> {
     canaries_seen_set: std::collections::HashSet<i64>,
     /// Gang replicas staged and waiting for their gang's start barrier, by lease id.
     staged: HashMap<i64, gang::Staged>,
+    /// When the loop may send again what the coordinator failed (`pacer`).
+    pacer: pacer::Pacer,
 }
 
 fn now_ms() -> i64 {
@@ -219,7 +226,7 @@ impl<E: Executor> Agent<E> {
                 "made the node's key (mode 0600)"
             );
         }
-        let client = Client::new(&config.coordinator)?;
+        let client = Client::trusting(&config.coordinator, &config.ca_certs)?;
         let node_id = match state::read_node(&config.data_dir)? {
             Some(node) => node.node_id,
             None => {
@@ -249,7 +256,7 @@ impl<E: Executor> Agent<E> {
                     policy: config.policy.clone(),
                     runtimes: executor.runtimes(),
                 };
-                let node = client.register(provider_key, &registration).await?;
+                let node = register(&client, provider_key, &registration).await?;
                 state::write_node(
                     &config.data_dir,
                     &NodeState {
@@ -289,6 +296,7 @@ impl<E: Executor> Agent<E> {
             canaries_seen: std::collections::VecDeque::new(),
             canaries_seen_set: std::collections::HashSet::new(),
             staged: HashMap::new(),
+            pacer: pacer::Pacer::new(node_id as u64),
         })
     }
 
@@ -333,7 +341,7 @@ impl<E: Executor> Agent<E> {
         self.stop_leftovers().await?;
         let (sets, mut set_changes) = watch::channel::<Option<LeaseSet>>(None);
         let poller = tokio::spawn(poll_leases(
-            Client::new(&self.config.coordinator)?,
+            Client::trusting(&self.config.coordinator, &self.config.ca_certs)?,
             NodeKey::from_hex(&self.key.to_hex()).map_err(|error| AgentError::Config(error.to_string()))?,
             self.node_id,
             sets,
@@ -343,6 +351,7 @@ impl<E: Executor> Agent<E> {
         // The gateways reach this node's serving replicas through them; no inbound port.
         tokio::spawn(crate::tunnel::keep(
             self.config.coordinator.clone(),
+            self.config.ca_certs.clone(),
             Arc::clone(&self.key),
             self.node_id,
             self.serving.clone(),
@@ -375,9 +384,11 @@ impl<E: Executor> Agent<E> {
                             .over_limit(self.config.policy.thermal_limit_c, self.config.policy.power_limit_w),
                         leases: Some(self.held_leases()),
                     };
+                    let mut next_wait = heartbeat_every;
                     match self.client.heartbeat(&self.key, self.node_id, &beat).await {
                         Ok(answer) => {
                             self.contact.send_replace(tokio::time::Instant::now());
+                            self.pacer.succeeded();
                             for run in self.runs.values_mut() {
                                 run.utilisation_sum_permille +=
                                     self.inventory.utilisation_permille(&run.lease.lease.gpu_indices);
@@ -404,9 +415,16 @@ impl<E: Executor> Agent<E> {
                                 changed
                             });
                         }
-                        Err(error) => tracing::warn!(%error, "heartbeat failed"),
+                        Err(error) => {
+                            tracing::warn!(%error, "heartbeat failed");
+                            // Again within the usual interval, at a time of this node's own:
+                            // nodes that failed together do not come back together.
+                            if let Some(wait) = self.pacer.failed(&error) {
+                                next_wait = wait.min(heartbeat_every);
+                            }
+                        }
                     }
-                    next_heartbeat = tokio::time::Instant::now() + heartbeat_every;
+                    next_heartbeat = tokio::time::Instant::now() + next_wait;
                 }
                 () = tokio::time::sleep(TICK) => {}
             }
@@ -440,6 +458,7 @@ impl<E: Executor> Agent<E> {
         self.take_guarded_stops();
         self.tended_ms = now_ms();
         if !self.unsent.is_empty()
+            && self.pacer.ready()
             && self
                 .fence()
                 .is_none_or(|fence| self.contact.borrow().elapsed() < fence.fence)
@@ -448,7 +467,7 @@ impl<E: Executor> Agent<E> {
         }
         self.stopping.retain(|_, (_, task)| !task.is_finished());
         self.canaries.retain(|_, (_, task)| !task.is_finished());
-        if self.launch_waiting {
+        if self.launch_waiting && self.pacer.ready() {
             let wanted = self.wanted.clone();
             self.reconcile(&wanted).await;
         }
@@ -494,17 +513,47 @@ impl<E: Executor> Agent<E> {
             if now - run.metered_to_ms >= self.config.usage_every.as_millis() as i64 {
                 self.meter(id, now).await;
             }
-            self.ship_log(id).await;
-            self.report_progress(id).await;
+            if self.pacer.ready() {
+                self.ship_log(id).await;
+                self.report_progress(id).await;
+            }
         }
         self.save_runs();
+    }
+}
+
+/// Registers the node, asking again with backoff while the coordinator is unreachable, busy or
+/// failing; a refusal (a bad key, a bad fact) is returned at once.
+async fn register(
+    client: &Client,
+    provider_key: &str,
+    registration: &NodeRegistration,
+) -> Result<api::NodeView, AgentError> {
+    let mut backoff = api::backoff::Backoff::agent(api::backoff::seed_from_clock(0));
+    let mut attempt = 1;
+    loop {
+        match client.register(provider_key, registration).await {
+            Ok(node) => return Ok(node),
+            Err(error) if error.is_transient() && attempt < REGISTER_ATTEMPTS_MAX => {
+                let wait = backoff.failed(error.retry_after());
+                tracing::warn!(%error, attempt, wait_ms = wait.as_millis() as u64, "registration failed; asking again");
+                tokio::time::sleep(wait).await;
+                attempt += 1;
+            }
+            Err(error) => return Err(error.into()),
+        }
     }
 }
 
 /// Makes a new key for the node registered in `data_dir` and has the coordinator take it, in a
 /// request signed by the current key; the old key stops working. Run it while the agent is
 /// stopped (a running agent keeps signing with the key it loaded). Returns the new public key.
-pub async fn rotate_key(data_dir: &std::path::Path, coordinator: &str) -> Result<String, AgentError> {
+/// `ca_certs`: trusted besides the system's roots (`AgentConfig::ca_certs`).
+pub async fn rotate_key(
+    data_dir: &std::path::Path,
+    coordinator: &str,
+    ca_certs: &[reqwest::Certificate],
+) -> Result<String, AgentError> {
     let old = state::load_key(data_dir)?;
     let node = state::read_node(data_dir)?.ok_or_else(|| {
         AgentError::Config(format!(
@@ -516,7 +565,9 @@ pub async fn rotate_key(data_dir: &std::path::Path, coordinator: &str) -> Result
     // On disk before the coordinator knows it, so no answer lost on the way leaves a node whose
     // only key is gone.
     state::write_pending_key(data_dir, &new)?;
-    Client::new(coordinator)?.rotate_key(&old, node.node_id, &new).await?;
+    Client::trusting(coordinator, ca_certs)?
+        .rotate_key(&old, node.node_id, &new)
+        .await?;
     state::commit_pending_key(data_dir)?;
     tracing::info!(node = node.node_id, public_key = %new.public_hex(), "rotated the node's key");
     Ok(new.public_hex())

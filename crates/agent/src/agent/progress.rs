@@ -46,7 +46,10 @@ impl<E: Executor> Agent<E> {
                     run.progress_sent = Some(progress);
                 }
             }
-            Err(error) => tracing::warn!(lease = id, %error, "progress was not taken"),
+            Err(error) => {
+                tracing::warn!(lease = id, %error, "progress was not taken");
+                self.pacer.failed(&error);
+            }
         }
     }
 }

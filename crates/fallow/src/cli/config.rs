@@ -1,10 +1,11 @@
 //! The CLI's config file: `$FALLOW_CONFIG`, else `$XDG_CONFIG_HOME/fallow/config.toml`, else
-//! `~/.config/fallow/config.toml`. It holds at most three settings, so it is read by hand as the
+//! `~/.config/fallow/config.toml`. It holds at most four settings, so it is read by hand as the
 //! small part of TOML it needs: `key = "string"` lines and `#` comments.
 //!
 //! ```toml
-//! url = "http://127.0.0.1:7070"
+//! url = "https://fallow.example:7070"
 //! api_key = "fallow_…"          # or: api_key_file = "/path/to/tenant.key"
+//! ca_cert = "ca.pem"            # a private CA that signed the coordinator's certificate
 //! ```
 
 use std::fmt;
@@ -12,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-/// The largest config file read: it holds three short lines.
+/// The largest config file read: it holds four short lines.
 const CONFIG_BYTES_MAX: u64 = 64 * 1024;
 
 /// Where a setting came from, for messages.
@@ -42,6 +43,7 @@ pub struct Config {
     pub url: Option<String>,
     api_key: Option<String>,
     api_key_file: Option<String>,
+    ca_cert: Option<String>,
 }
 
 impl Config {
@@ -91,7 +93,8 @@ impl Config {
                 "url" => &mut config.url,
                 "api_key" => &mut config.api_key,
                 "api_key_file" => &mut config.api_key_file,
-                other => bail!("line {number}: unknown setting {other:?}; known: url, api_key, api_key_file"),
+                "ca_cert" => &mut config.ca_cert,
+                other => bail!("line {number}: unknown setting {other:?}; known: url, api_key, api_key_file, ca_cert"),
             };
             if slot.is_some() {
                 bail!("line {number}: {} is set twice", key.trim());
@@ -113,10 +116,7 @@ impl Config {
         let Some(file) = &self.api_key_file else {
             return Ok(None);
         };
-        let file = match self.path.as_deref().and_then(Path::parent) {
-            Some(folder) => folder.join(file),
-            None => PathBuf::from(file),
-        };
+        let file = self.beside(file);
         let key = std::fs::read_to_string(&file).with_context(|| {
             format!(
                 "api_key_file in {} names {}, which cannot be read",
@@ -125,6 +125,21 @@ impl Config {
             )
         })?;
         Ok(Some(key.trim().to_string()))
+    }
+
+    /// The CA file `ca_cert` names (relative to the config file), as text.
+    pub fn ca_cert(&self) -> Option<String> {
+        self.ca_cert
+            .as_deref()
+            .map(|file| self.beside(file).display().to_string())
+    }
+
+    /// `file` relative to the config file's folder.
+    fn beside(&self, file: &str) -> PathBuf {
+        match self.path.as_deref().and_then(Path::parent) {
+            Some(folder) => folder.join(file),
+            None => PathBuf::from(file),
+        }
     }
 
     /// The file's path for messages.
@@ -204,6 +219,10 @@ mod tests {
             Config::parse("# Fallow\n\nurl = \"http://h:1\"  # the coordinator\napi_key='fallow_x'\n").unwrap();
         assert_eq!(config.url.as_deref(), Some("http://h:1"));
         assert_eq!(config.api_key().unwrap().as_deref(), Some("fallow_x"));
+        assert_eq!(config.ca_cert(), None);
+        let mut config = Config::parse("ca_cert = \"ca.pem\"").unwrap();
+        config.path = Some(PathBuf::from("/etc/fallow/config.toml"));
+        assert_eq!(config.ca_cert().as_deref(), Some("/etc/fallow/ca.pem"));
         let escaped = Config::parse(r#"url = "a\"b\\c""#).unwrap();
         assert_eq!(escaped.url.as_deref(), Some(r#"a"b\c"#));
     }

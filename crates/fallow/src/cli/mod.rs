@@ -17,6 +17,7 @@ use std::fmt;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use api::backoff::Backoff;
 use clap::Args;
 use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
@@ -28,6 +29,10 @@ use config::{Config, Source};
 pub const DEFAULT_URL: &str = "http://127.0.0.1:7070";
 /// The longest one API request may take (`job logs --follow` and `--wait` poll, never block).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Tries of one request while the coordinator is unreachable or says to come back later (429;
+/// 503 for requests that are safe to send twice), with backoff between them: at most about 4 s
+/// of waiting, then the error is shown.
+pub const REQUEST_ATTEMPTS_MAX: u32 = 5;
 /// Where `fallow dev` leaves the demo parties' keys, for error messages.
 const KEY_FILES_HINT: &str = "`fallow dev --data-dir D` writes D/tenant.key and D/provider.key, `fallow server` writes the admin's \
      to its data directory's admin.key, and an admin makes more with `fallow admin key create ACCOUNT`";
@@ -42,6 +47,10 @@ pub struct Connection {
     /// The API key [env: FALLOW_API_KEY; else the config file's `api_key` or `api_key_file`].
     #[arg(long, global = true, value_name = "KEY", help_heading = "Client options")]
     pub api_key: Option<String>,
+    /// A PEM file of a private CA to trust, besides the system's roots, for an https://
+    /// coordinator [env: FALLOW_CA_CERT; else the config file's `ca_cert`].
+    #[arg(long, global = true, value_name = "PATH", help_heading = "Client options")]
+    pub ca_cert: Option<String>,
     /// Print JSON (the API's answer) instead of tables, for scripts.
     #[arg(long, global = true, help_heading = "Client options")]
     pub json: bool,
@@ -114,6 +123,17 @@ impl Client {
             .build()
             .context("starting the async runtime")?;
         let mut builder = reqwest::Client::builder().timeout(REQUEST_TIMEOUT);
+        if let Some((path, source)) = config::pick(
+            connection.ca_cert.clone(),
+            "--ca-cert",
+            "FALLOW_CA_CERT",
+            config.ca_cert(),
+            &config.path_shown(),
+        ) {
+            let certs = agent::client::read_ca_certs(std::path::Path::new(&path))
+                .map_err(|error| anyhow::anyhow!("the CA certificate from {source}: {error}"))?;
+            builder = builder.tls_certs_merge(certs);
+        }
         if is_loopback(&base) {
             // A proxy from the environment cannot reach this machine's loopback.
             builder = builder.no_proxy();
@@ -141,7 +161,10 @@ impl Client {
         self.send(Method::PUT, path, &[], Some(body))
     }
 
-    /// Sends one request and returns the answer's JSON (`null` for an empty answer).
+    /// Sends one request and returns the answer's JSON (`null` for an empty answer). A request
+    /// that could not connect, was refused as too many (429), or met a coordinator unavailable
+    /// (503) when sending it twice is safe, is sent again after a wait with full jitter that
+    /// honours `Retry-After`, up to `REQUEST_ATTEMPTS_MAX` tries, saying so on stderr.
     pub fn send(
         &self,
         method: Method,
@@ -159,18 +182,50 @@ impl Client {
                 pairs.append_pair(name, value);
             }
         }
-        let mut request = self.http.request(method.clone(), url).bearer_auth(&self.key);
-        if let Some(body) = body {
-            request = request.json(body);
-        }
-        let (status, text) = self
-            .runtime
-            .block_on(async {
+        let mut backoff = Backoff::new(
+            Duration::from_millis(250),
+            Duration::from_secs(8),
+            api::backoff::seed_from_clock(0),
+        );
+        let mut attempt = 1;
+        let (status, text) = loop {
+            let mut request = self.http.request(method.clone(), url.clone()).bearer_auth(&self.key);
+            if let Some(body) = body {
+                request = request.json(body);
+            }
+            let sent = self.runtime.block_on(async {
                 let response = request.send().await?;
                 let status = response.status();
-                Ok::<_, reqwest::Error>((status, response.text().await?))
-            })
-            .map_err(|error| self.transport_error(&error))?;
+                let retry_after = response
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|value| value.to_str().ok())
+                    .and_then(api::backoff::parse_retry_after);
+                Ok::<_, reqwest::Error>((status, retry_after, response.text().await?))
+            });
+            let again = match &sent {
+                Ok((status, retry_after, _)) => (*status == StatusCode::TOO_MANY_REQUESTS
+                    || (*status == StatusCode::SERVICE_UNAVAILABLE && may_ask_again(&method)))
+                .then(|| (status.to_string(), *retry_after)),
+                Err(error) if error.is_connect() => Some(("cannot connect".to_string(), None)),
+                Err(_) => None,
+            };
+            match again {
+                Some((why, retry_after)) if attempt < REQUEST_ATTEMPTS_MAX => {
+                    let wait = backoff.failed(retry_after);
+                    eprintln!(
+                        "fallow: {method} {path}: {why}; asking again in {:.1} s",
+                        wait.as_secs_f64()
+                    );
+                    self.sleep(wait);
+                    attempt += 1;
+                }
+                _ => {
+                    let (status, _, text) = sent.map_err(|error| self.transport_error(&error))?;
+                    break (status, text);
+                }
+            }
+        };
         if !status.is_success() {
             return Err(self.api_failure(status, &text, path).into());
         }
@@ -187,7 +242,19 @@ impl Client {
 
     fn transport_error(&self, error: &reqwest::Error) -> anyhow::Error {
         let base = self.base.as_str().trim_end_matches('/');
-        if error.is_timeout() {
+        let causes = agent::client::with_causes(error);
+        if causes.contains("certificate") {
+            anyhow::anyhow!(
+                "the coordinator at {base} did not show a TLS certificate this client trusts ({causes})\n  → if a \
+                 private CA signed it, pass --ca-cert CA.pem (or set FALLOW_CA_CERT, or ca_cert in the config \
+                 file); otherwise check that the URL's host is a name the certificate is for"
+            )
+        } else if self.base.scheme() == "https" && causes.contains("InvalidContentType") {
+            anyhow::anyhow!(
+                "the coordinator at {base} does not speak TLS ({causes})\n  → if it serves plain HTTP, use an \
+                 http:// URL"
+            )
+        } else if error.is_timeout() {
             anyhow::anyhow!(
                 "the coordinator at {base} did not answer within {} s\n  → try again; if it persists, look at the \
                  coordinator's log",
@@ -199,13 +266,7 @@ impl Client {
                  market) or point FALLOW_URL or --url at the one you use"
             )
         } else {
-            let mut text = error.to_string();
-            let mut source = std::error::Error::source(error);
-            while let Some(cause) = source {
-                text.push_str(&format!(": {cause}"));
-                source = cause.source();
-            }
-            anyhow::anyhow!("talking to the coordinator at {base}: {text}")
+            anyhow::anyhow!("talking to the coordinator at {base}: {causes}")
         }
     }
 
@@ -260,6 +321,15 @@ pub fn die_quietly_on_closed_stdout() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+}
+
+/// Whether sending the request twice does what sending it once does (RFC 9110's idempotent
+/// methods), so a 503 that may have come after some of the work can be met by sending it again.
+fn may_ask_again(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS
+    )
 }
 
 /// What lists the ids a 404 was about.

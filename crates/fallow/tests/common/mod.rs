@@ -12,7 +12,7 @@ pub mod world;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -35,6 +35,9 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 pub const START_ATTEMPTS_MAX: u32 = 5;
 /// GPU model and price of every test node and job.
 pub const GPU_MODEL: &str = "H100-SXM5";
+/// The token that reads `/metrics` of every coordinator these tests start (`FALLOW_METRICS_TOKEN`),
+/// so a test scrapes a replica that did not write the admin's key as easily as one that did.
+pub const METRICS_TOKEN: &str = "test-metrics-token-0123456789abcdef";
 pub const ASK_DOLLARS: &str = "2.00";
 pub const MAX_PRICE_DOLLARS: &str = "10.00";
 
@@ -135,6 +138,29 @@ pub fn tail(path: &Path, bytes: u64) -> String {
 }
 
 /// A local port free now (the kernel's choice), for a process the test starts on it.
+/// Runs the `fallow` binary with only `env` (and a home without a config file).
+pub fn cli(home: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fallow"))
+        .args(args)
+        .env_clear()
+        .env("HOME", home)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the fallow binary")
+}
+
+/// Its stdout, after checking that it succeeded.
+pub fn succeeded(output: &Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{what} failed:\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
@@ -213,6 +239,7 @@ impl Coordinator {
                 .env_remove("FALLOW_LISTEN")
                 .env_remove("FALLOW_DATA_DIR")
                 .env("FALLOW_LOG", "info")
+                .env("FALLOW_METRICS_TOKEN", METRICS_TOKEN)
                 .stdin(Stdio::null())
                 .stdout(log_file.try_clone().expect("clone the log handle"))
                 .stderr(log_file)
@@ -306,9 +333,14 @@ impl Drop for Coordinator {
     }
 }
 
-/// `/metrics` of one coordinator; None when it does not answer.
+/// `/metrics` of one coordinator (read with `METRICS_TOKEN`); None when it does not answer.
 pub async fn metrics(http: &reqwest::Client, base: &str) -> Option<String> {
-    let response = http.get(format!("{base}/metrics")).send().await.ok()?;
+    let response = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth(METRICS_TOKEN)
+        .send()
+        .await
+        .ok()?;
     if response.status() != StatusCode::OK {
         return None;
     }

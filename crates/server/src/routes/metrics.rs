@@ -1,5 +1,6 @@
 //! `/metrics` in the Prometheus text format: jobs by state, GPUs online and leased, decisions,
-//! heartbeats, leases and their latency, refused signatures and the ledger's totals.
+//! heartbeats, leases and their latency, refused signatures and the ledger's totals. Read with an
+//! admin's API key or the metrics token (`MetricsReader`).
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -10,9 +11,10 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 use crate::error::ApiResult;
+use crate::extract::MetricsReader;
 use crate::state::AppState;
 
-pub async fn metrics(State(state): State<Arc<AppState>>) -> ApiResult<impl IntoResponse> {
+pub async fn metrics(_reader: MetricsReader, State(state): State<Arc<AppState>>) -> ApiResult<impl IntoResponse> {
     let mut out = String::new();
     let metrics = &state.metrics;
     let _ = writeln!(out, "# TYPE fallow_jobs gauge");

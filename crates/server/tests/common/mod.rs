@@ -163,6 +163,8 @@ pub struct Reply {
     pub status: u16,
     pub body: Value,
     pub text: String,
+    /// The `Retry-After` header, when the answer has one.
+    pub retry_after: Option<String>,
 }
 
 impl Reply {
@@ -305,10 +307,19 @@ pub struct Harness {
 
 async fn reply(response: reqwest::Response) -> Reply {
     let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
     let bytes = response.bytes().await.expect("the body arrives");
     let text = String::from_utf8_lossy(&bytes).into_owned();
     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Reply { status, body, text }
+    Reply {
+        status,
+        body,
+        text,
+        retry_after,
+    }
 }
 
 fn method(name: &str) -> reqwest::Method {
@@ -517,7 +528,7 @@ impl Harness {
 
     /// The value of one `/metrics` line, given everything before the value.
     pub async fn metric(&self, series: &str) -> f64 {
-        let reply = self.call("GET", "/metrics", None, None).await;
+        let reply = self.call("GET", "/metrics", Some(&self.admin), None).await;
         assert_eq!(reply.status, 200, "/metrics: {}", reply.text);
         reply
             .text
@@ -531,7 +542,7 @@ impl Harness {
 
     /// Jobs in every state, from `/metrics`.
     pub async fn job_count(&self) -> f64 {
-        let reply = self.call("GET", "/metrics", None, None).await;
+        let reply = self.call("GET", "/metrics", Some(&self.admin), None).await;
         reply
             .text
             .lines()

@@ -560,3 +560,31 @@ async fn bad_key_rotations_are_refused_and_change_nothing() {
     })
     .await;
 }
+
+/// A node over its request rate is refused with 429 and told when to come back (`Retry-After`,
+/// which the agent's backoff takes as its floor); answers that went through name no wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_over_its_rate_is_told_when_to_come_back() {
+    on_every_backend(async |h: &Harness| {
+        let provider = h.provider("eager-farm").await;
+        let node = h.node(&provider, "eager", |_| {}).await;
+        let mut refused = None;
+        for _ in 0..1_000 {
+            let reply = node.signed("POST", "/v1/agent/heartbeat", Some(&json!({}))).await;
+            if reply.status == 429 {
+                refused = Some(reply);
+                break;
+            }
+            assert_eq!(reply.status, 200, "a heartbeat within the rate: {}", reply.text);
+            assert_eq!(reply.retry_after, None, "a 200 names no wait");
+        }
+        let refused = refused.expect("1,000 heartbeats at once exceed a node's rate");
+        refused.refused(429, "a heartbeat over the rate");
+        assert_eq!(
+            refused.retry_after.as_deref(),
+            Some("1"),
+            "a 429 says when to come back"
+        );
+    })
+    .await;
+}

@@ -283,6 +283,7 @@ fn refusal_problem(path: &str, content_type: &str, text: &str) -> Option<String>
         status: 400,
         body: serde_json::from_str(text).unwrap_or(Value::Null),
         text: text.to_string(),
+        retry_after: None,
     };
     match reply.error_shape() {
         Ok(message) if message.chars().filter(|c| c.is_alphabetic()).count() < 8 => {
