@@ -159,6 +159,19 @@ impl Draws {
     }
 }
 
+/// Whether every GPU of a canary's (`gpus`, its stored JSON list) is idle in the view; a list
+/// that cannot be read counts as idle (the canary then runs its course to its deadline).
+fn all_idle(capacity: &model::NodeCapacity, gpus: &str) -> bool {
+    serde_json::from_str::<Vec<u8>>(gpus).map_or(true, |gpus| {
+        gpus.iter().all(|gpu| {
+            capacity
+                .gpu_milli_free
+                .get(usize::from(*gpu))
+                .is_none_or(|free| *free == model::GPU_MILLI_WHOLE)
+        })
+    })
+}
+
 /// The leader's look at canaries: those past their deadline are given up as unanswered, and
 /// each online node whose next canary is due by the rules (a random draw for the `step_us` since
 /// the last look) gets one on the GPUs its view has idle, all written in one transaction.
@@ -185,11 +198,23 @@ pub async fn schedule(state: &AppState, step_us: i64, now: i64) -> ApiResult<()>
     let within_ms = i64::try_from(state.config.canary_within_ms).unwrap_or(i64::MAX);
     let mut draws = Draws::new();
     let mut due = Vec::new();
+    let mut gave_way = Vec::new();
     {
         let view = state.view.lock().await;
         let Some(view) = view.as_ref() else { return Ok(()) };
         for (position, node) in view.records.iter().enumerate() {
             if !node.online {
+                continue;
+            }
+            // Work took an open canary's GPUs: its node stops it unreported, so it is withdrawn
+            // now rather than given up at its deadline, and the next comes on the idle GPUs.
+            if let Some(open) = latest.get(&node.id).filter(|canary| canary.finding.is_none())
+                && !all_idle(
+                    &view.matcher.node_capacity(model::NodeId(position as u32)),
+                    &open.canary.gpus,
+                )
+            {
+                gave_way.push(open.id);
                 continue;
             }
             // A node cordoned for fraud gets canaries again only on new hardware (or when its
@@ -230,6 +255,14 @@ pub async fn schedule(state: &AppState, step_us: i64, now: i64) -> ApiResult<()>
                 idle,
                 now,
             ));
+        }
+    }
+    if !gave_way.is_empty() {
+        let _turn = state.writer_turn().await;
+        for id in gave_way {
+            if state.store.withdraw_canary(id, now).await? {
+                tracing::info!(canary = id, "canary withdrawn: work took its GPUs");
+            }
         }
     }
     for batch in due.chunks(CANARIES_PER_COMMIT_MAX) {

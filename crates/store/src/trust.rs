@@ -223,6 +223,19 @@ impl Store {
             .collect()
     }
 
+    /// Withdraws an open canary whose GPUs work took (`withdrawn`: it counts neither as answered
+    /// nor as unanswered); false when it had finished already.
+    pub async fn withdraw_canary(&self, id: i64, now: i64) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE canaries SET finished_at = $1, finding = 'withdrawn' WHERE id = $2 AND finished_at IS NULL",
+        )
+        .bind(now)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
     /// Every node's latest canary.
     pub async fn latest_canaries(&self) -> Result<Vec<CanaryRow>> {
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(

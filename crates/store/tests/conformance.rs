@@ -604,6 +604,10 @@ async fn canaries_outcomes_and_fraud_decisions() {
             "{backend}: once"
         );
         assert!(
+            !store.withdraw_canary(second, 51).await.unwrap(),
+            "{backend}: a canary given up is not withdrawn as well"
+        );
+        assert!(
             store
                 .finish_canary(first, "slow", Some(31_500), Some(("{\"rate_milli\":31500}", "sig")), 40)
                 .await
@@ -623,7 +627,7 @@ async fn canaries_outcomes_and_fraud_decisions() {
             (Some("slow"), Some(31_500), Some("sig")),
             "{backend}"
         );
-        store.insert_canary(&canary(other.id, 60, 900)).await.unwrap();
+        let open_on_other = store.insert_canary(&canary(other.id, 60, 900)).await.unwrap();
         let mut latest: Vec<(i64, Option<String>)> = store
             .latest_canaries()
             .await
@@ -655,6 +659,23 @@ async fn canaries_outcomes_and_fraud_decisions() {
                 }
             ],
             "{backend}: the latest answered canary, and the unanswered ones since"
+        );
+        // A canary that gave way to work is withdrawn: finished, and counted as nothing.
+        assert!(store.withdraw_canary(open_on_other, 70).await.unwrap(), "{backend}");
+        assert!(
+            !store.withdraw_canary(open_on_other, 71).await.unwrap(),
+            "{backend}: once"
+        );
+        let withdrawn = store.canary(open_on_other).await.unwrap().unwrap();
+        assert_eq!(
+            (withdrawn.finding.as_deref(), withdrawn.finished_at),
+            (Some("withdrawn"), Some(70)),
+            "{backend}"
+        );
+        assert_eq!(
+            store.canary_standings().await.unwrap(),
+            standings,
+            "{backend}: a withdrawn canary is neither answered nor unanswered"
         );
 
         // Outcomes with weights, read incrementally, and summed over a window.

@@ -317,7 +317,7 @@ fn finding_badge(canary: &CanaryView) -> String {
     match canary.finding.as_deref() {
         None => badge("state-running", "running"),
         Some("passed") => badge("state-finished", "passed"),
-        Some(finding @ "unanswered") => badge("warning", finding),
+        Some(finding @ ("unanswered" | "withdrawn")) => badge("warning", finding),
         Some(finding) => badge("state-failed", &finding.replace('_', " ")),
     }
 }
