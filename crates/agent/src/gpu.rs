@@ -377,7 +377,11 @@ pub fn catalog_model(name: &str, memory_mib: u64) -> Option<&'static str> {
     let has = |word: &str| words.contains(&word);
     let pcie = has("PCIE");
     let big = memory_mib > 60 * 1024;
-    let model = if has("GB200") {
+    let model = if has("GB300") {
+        "GB300"
+    } else if has("B300") {
+        "B300"
+    } else if has("GB200") {
         "GB200"
     } else if has("GH200") {
         "GH200"
@@ -404,12 +408,24 @@ pub fn catalog_model(name: &str, memory_mib: u64) -> Option<&'static str> {
         }
     } else if has("MI300X") {
         "MI300X"
+    } else if has("MI325X") {
+        "MI325X"
+    } else if has("MI355X") {
+        "MI355X"
+    } else if has("PRO") && has("6000") && has("BLACKWELL") {
+        "RTX-PRO-6000"
+    } else if has("5090") {
+        "RTX-5090"
     } else if has("4090") {
         "RTX-4090"
     } else if has("3090") {
         "RTX-3090"
-    } else if has("L40") || has("L40S") {
+    } else if has("L40S") {
+        "L40S"
+    } else if has("L40") {
         "L40"
+    } else if has("L20") {
+        "L20"
     } else if has("L4") {
         "L4"
     } else if has("A40") {
@@ -523,7 +539,10 @@ pub fn simulated(text: &str, known: impl Fn(&str) -> bool) -> Result<Inventory, 
         .ok_or_else(|| bad("COUNT is 1–16"))?;
     let model = model.trim();
     if !known(model) {
-        return Err(bad("MODEL is not a catalog name (e.g. H100-SXM5, H200-SXM, RTX-4090)"));
+        return Err(bad(&format!(
+            "MODEL is not a catalog name: {}",
+            model::GpuCatalog::embedded().unknown(model)
+        )));
     }
     let gpus = (0..count)
         .map(|index| Gpu {
@@ -844,12 +863,35 @@ mod tests {
             ("NVIDIA A100-PCIE-40GB", 40_960, Some("A100-PCIe-40GB")),
             ("NVIDIA GeForce RTX 4090", 24_564, Some("RTX-4090")),
             ("NVIDIA L4", 23_034, Some("L4")),
-            ("NVIDIA L40S", 46_068, Some("L40")),
+            ("NVIDIA L40S", 46_068, Some("L40S")),
+            ("NVIDIA L40", 46_068, Some("L40")),
+            ("NVIDIA L20", 46_068, Some("L20")),
+            ("NVIDIA GeForce RTX 5090", 32_607, Some("RTX-5090")),
+            (
+                "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                97_887,
+                Some("RTX-PRO-6000"),
+            ),
+            (
+                "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+                97_887,
+                Some("RTX-PRO-6000"),
+            ),
+            ("NVIDIA B300 SXM6 AC", 275_040, Some("B300")),
+            ("NVIDIA GB300", 284_208, Some("GB300")),
+            ("NVIDIA H800", 81_559, Some("H800-SXM5")),
+            ("NVIDIA A800-SXM4-80GB", 81_920, Some("A800-SXM4-80GB")),
             ("Tesla T4", 15_360, Some("T4")),
             ("Tesla V100-SXM2-32GB", 32_768, Some("V100-SXM2-32GB")),
             ("NVIDIA GeForce GTX 1080", 8_192, None),
         ] {
             assert_eq!(catalog_model(name, memory_mib), model, "{name}");
+            if let Some(model) = model {
+                assert!(
+                    model::GpuCatalog::embedded().find(model).is_some(),
+                    "{model} is a catalog name"
+                );
+            }
         }
     }
 

@@ -126,13 +126,9 @@ impl JobRequest {
         };
         let mut gpu_models = Vec::with_capacity(self.gpu_models.len());
         for name in &self.gpu_models {
-            let model = catalog.find(name).ok_or_else(|| {
-                let known: Vec<&str> = catalog.models().map(|(_, spec)| spec.name.as_str()).collect();
-                InputError(format!(
-                    "gpu_models: unknown model {name:?}; known: {}",
-                    known.join(", ")
-                ))
-            })?;
+            let model = catalog
+                .find_or_explain(name)
+                .map_err(|unknown| InputError(format!("gpu_models: {unknown}")))?;
             gpu_models.push(model);
         }
         if !(1..=REPLICAS_MAX).contains(&self.replicas) {

@@ -48,6 +48,8 @@ enum Command {
     Provider(cli::provider::ProviderArgs),
     /// Admins: accounts, API keys, credits, bonds and fraud decided.
     Admin(cli::admin::AdminArgs),
+    /// The GPU models the market knows: memory, compute units (H100 = 1) and aliases.
+    Catalog(cli::catalog::CatalogArgs),
     /// Shell completions (bash, zsh, fish, elvish, powershell).
     Completions(cli::completions::CompletionsArgs),
     /// Everything on this machine in one process: a coordinator (SQLite), a local agent, demo
@@ -81,6 +83,7 @@ fn main() -> ExitCode {
         Command::Node(args) => cli::node::run(args),
         Command::Provider(args) => cli::provider::run(args),
         Command::Admin(args) => cli::admin::run(args),
+        Command::Catalog(args) => cli::catalog::run(args),
         Command::Completions(args) => cli::completions::run(args),
         Command::Dev(args) => cmd_dev::run(args),
         Command::Agent(args) => cmd_agent::run(*args),

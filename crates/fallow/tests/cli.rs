@@ -622,3 +622,66 @@ async fn cli_process_job_runs_to_finished_and_prints_its_output() {
         String::from_utf8_lossy(&logs.stderr)
     );
 }
+
+#[test]
+fn the_catalog_lists_models_memory_compute_units_and_aliases_and_unknown_models_get_the_closest() {
+    let scratch = Scratch::new("catalog");
+    let listed = ok_json(fallow(&scratch.path, &[], &["catalog", "--json"]), "catalog --json");
+    let rows = listed.as_array().expect("an array of models");
+    let row = |name: &str| {
+        rows.iter()
+            .find(|row| row["name"] == name)
+            .unwrap_or_else(|| panic!("{name} is not listed"))
+    };
+    for name in [
+        "L40S",
+        "L20",
+        "RTX-5090",
+        "RTX-PRO-6000",
+        "B300",
+        "GB300",
+        "MI325X",
+        "MI355X",
+        "Gaudi3",
+        "Ascend-910B",
+        "Ascend-910C",
+        "Ascend-950DT",
+    ] {
+        let model = row(name);
+        assert!(model["memory_mib"].as_u64().unwrap() > 0, "{model}");
+        assert!(model["compute_units"].as_f64().unwrap() > 0.0, "{model}");
+    }
+    assert_eq!(row("H100-SXM5")["compute_units"], 1.0);
+    assert_eq!(row("H100-SXM5")["memory_mib"], 80 * 1024);
+    assert!(row("H800-SXM5")["aliases"].as_array().unwrap().contains(&json!("H800")));
+    assert_eq!(row("Ascend-950DT")["disclosed"], false);
+    let table = ok(fallow(&scratch.path, &[], &["catalog"]), "catalog");
+    assert!(table.starts_with("MODEL"), "{table}");
+    let line = row_of(&table, "Ascend-910C").expect("a row for the 910C");
+    assert!(line.contains("Huawei") && line.contains("0.760"), "{line}");
+
+    // A node list naming a model the catalog does not know is refused with the closest names.
+    let nodes = scratch.path.join("nodes.csv");
+    std::fs::write(&nodes, "m1,H800,96,512,8\nm2,RTX 5080,16,64,2\n").unwrap();
+    let nodes = nodes.to_str().unwrap();
+    fails(
+        fallow(
+            &scratch.path,
+            &[],
+            &[
+                "sim",
+                "market",
+                "--traces",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces"),
+                "--nodes",
+                nodes,
+                "--days",
+                "1",
+                "--policies",
+                "fallow",
+            ],
+        ),
+        "a node list with an unknown model",
+        &["m2", "unknown model \"RTX 5080\"; closest: RTX-5090"],
+    );
+}

@@ -39,7 +39,16 @@ pub struct GpuSpec {
 pub struct GpuCatalog {
     specs: Vec<GpuSpec>,
     by_name: BTreeMap<String, GpuModel>,
+    /// The same keys `folded`: "NVIDIA H800" and "h800" find the same row.
+    by_folded: BTreeMap<String, GpuModel>,
 }
+
+/// Vendor and product-line words that drivers and traces put before a model's name
+/// ("NVIDIA GeForce RTX 4090", "Tesla T4", "AMD Instinct MI300X", "Huawei Ascend910B"); `find`
+/// looks again without them. Folded, longest first.
+const NAME_PREFIXES: [&str; 8] = [
+    "instinct", "geforce", "habana", "nvidia", "huawei", "intel", "tesla", "amd",
+];
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum CatalogError {
@@ -63,6 +72,7 @@ impl GpuCatalog {
     pub fn parse(text: &str) -> Result<GpuCatalog, CatalogError> {
         let mut specs = Vec::new();
         let mut by_name = BTreeMap::new();
+        let mut by_folded = BTreeMap::new();
         for (line_index, line) in text.lines().enumerate() {
             let line_number = line_index + 1;
             let line = line.trim();
@@ -106,7 +116,9 @@ impl GpuCatalog {
                 .collect();
             let model = GpuModel(u16::try_from(specs.len()).map_err(|_| bad("too many models".into()))?);
             for key in std::iter::once(&name).chain(aliases.iter()) {
-                if by_name.insert(key.to_ascii_lowercase(), model).is_some() {
+                if by_name.insert(key.to_ascii_lowercase(), model).is_some()
+                    || by_folded.insert(folded(key), model).is_some_and(|other| other != model)
+                {
                     return Err(CatalogError::DuplicateName(key.clone()));
                 }
             }
@@ -124,12 +136,65 @@ impl GpuCatalog {
                 cu_milli: ((dense_tflops / REFERENCE_DENSE_TFLOPS) * 1000.0).round().max(1.0) as u32,
             });
         }
-        Ok(GpuCatalog { specs, by_name })
+        Ok(GpuCatalog {
+            specs,
+            by_name,
+            by_folded,
+        })
     }
 
-    /// Looks a model up by name or alias, ignoring case.
+    /// Looks a model up by name or alias, ignoring case; then ignoring punctuation and the
+    /// vendor words drivers and traces add ("NVIDIA H800", "AMD Instinct MI300X", "Tesla T4").
     pub fn find(&self, name: &str) -> Option<GpuModel> {
-        self.by_name.get(&name.trim().to_ascii_lowercase()).copied()
+        if let Some(model) = self.by_name.get(&name.trim().to_ascii_lowercase()) {
+            return Some(*model);
+        }
+        let mut key = folded(name);
+        loop {
+            if let Some(model) = self.by_folded.get(&key) {
+                return Some(*model);
+            }
+            let prefix = NAME_PREFIXES.iter().find(|prefix| key.starts_with(**prefix))?;
+            key.drain(..prefix.len());
+        }
+    }
+
+    /// Looks a model up, or says it is unknown and names the closest ones: the error every
+    /// place that reads a model name gives (a job, a node's registration, a node list).
+    pub fn find_or_explain(&self, name: &str) -> Result<GpuModel, String> {
+        self.find(name).ok_or_else(|| self.unknown(name))
+    }
+
+    /// `unknown model "X"; closest: A, B, C (`fallow catalog` lists every model)`.
+    pub fn unknown(&self, name: &str) -> String {
+        format!(
+            "unknown model {name:?}; closest: {} (`fallow catalog` lists every model)",
+            self.closest(name, CLOSEST_NAMED).join(", ")
+        )
+    }
+
+    /// The `count` models whose name or an alias is nearest to `name`: one that contains the
+    /// other first, then by edit distance, ignoring case and punctuation.
+    pub fn closest(&self, name: &str, count: usize) -> Vec<&str> {
+        let wanted = folded(name);
+        let mut ranked: Vec<((bool, usize), &str)> = self
+            .specs
+            .iter()
+            .map(|spec| {
+                let rank = std::iter::once(&spec.name)
+                    .chain(spec.aliases.iter())
+                    .map(|key| {
+                        let key = folded(key);
+                        let contained = !wanted.is_empty() && (key.contains(&wanted) || wanted.contains(&key));
+                        (!contained, edit_distance(&wanted, &key))
+                    })
+                    .min()
+                    .expect("a name at least");
+                (rank, spec.name.as_str())
+            })
+            .collect();
+        ranked.sort();
+        ranked.into_iter().take(count).map(|(_, name)| name).collect()
     }
 
     pub fn spec(&self, model: GpuModel) -> &GpuSpec {
@@ -150,6 +215,33 @@ impl GpuCatalog {
             .enumerate()
             .map(|(index, spec)| (GpuModel(index as u16), spec))
     }
+}
+
+/// How many near names an unknown model's error offers.
+pub const CLOSEST_NAMED: usize = 3;
+
+/// Lower case, letters and digits only: "H100 SXM5" and "h100-sxm5" are the same name.
+fn folded(name: &str) -> String {
+    name.chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}
+
+/// Levenshtein distance over bytes (the names are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1).min(row[j] + 1).min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 impl fmt::Display for GpuModel {
@@ -176,6 +268,69 @@ mod tests {
         let t4 = catalog.spec(catalog.find("T4").unwrap());
         assert_eq!(t4.cu_milli, 66);
         assert!(!catalog.spec(catalog.find("G2").unwrap()).disclosed);
+    }
+
+    #[test]
+    fn the_models_providers_hold_in_numbers_are_known_by_their_common_names() {
+        let catalog = GpuCatalog::embedded();
+        for (name, model) in [
+            ("L40S", "L40S"),
+            ("l20", "L20"),
+            ("RTX 5090", "RTX-5090"),
+            ("RTX-PRO-6000-Blackwell", "RTX-PRO-6000"),
+            ("B300", "B300"),
+            ("GB300", "GB300"),
+            ("MI325X", "MI325X"),
+            ("Instinct-MI355X", "MI355X"),
+            ("Gaudi-3", "Gaudi3"),
+            ("910B", "Ascend-910B"),
+            ("Ascend910C", "Ascend-910C"),
+            ("Ascend-950", "Ascend-950DT"),
+            ("H800", "H800-SXM5"),
+            ("A800", "A800-SXM4-80GB"),
+            ("NVIDIA H800", "H800-SXM5"),
+            ("NVIDIA A800-SXM4-80GB", "A800-SXM4-80GB"),
+            ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+            ("Tesla T4", "T4"),
+            ("AMD Instinct MI300X", "MI300X"),
+            ("Huawei Ascend910C", "Ascend-910C"),
+            ("Intel Gaudi 3", "Gaudi3"),
+        ] {
+            let found = catalog.find(name);
+            assert_eq!(
+                found.map(|model| catalog.spec(model).name.as_str()),
+                Some(model),
+                "{name}"
+            );
+        }
+        assert!(!catalog.spec(catalog.find("Ascend-950DT").unwrap()).disclosed);
+        assert_eq!(catalog.find("NVIDIA"), None, "a vendor alone names no model");
+        assert_eq!(
+            catalog.find("NVIDIA H100 80GB HBM3"),
+            None,
+            "driver names with more words: agent::gpu"
+        );
+        // A lab's "16,000 Ascend 910C are about 4,000 Blackwells": in compute units the 910C is
+        // about a third of a GB300, so the claim is of the right order, not exact.
+        let cu = |name: &str| f64::from(catalog.spec(catalog.find(name).unwrap()).cu_milli) / 1000.0;
+        let ratio = 16_000.0 * cu("Ascend-910C") / (4_000.0 * cu("GB300"));
+        assert!((1.0..1.5).contains(&ratio), "{ratio}");
+    }
+
+    #[test]
+    fn an_unknown_model_is_explained_with_the_closest_names() {
+        let catalog = GpuCatalog::embedded();
+        assert_eq!(catalog.closest("H100 SXM", 1), ["H100-SXM5"]);
+        assert_eq!(catalog.closest("L40-S", 1), ["L40S"]);
+        assert_eq!(catalog.closest("Ascend 910", 2), ["Ascend-910B", "Ascend-910C"]);
+        let message = catalog.find_or_explain("RTX 5080").unwrap_err();
+        assert!(
+            message.starts_with("unknown model \"RTX 5080\"; closest: RTX-5090"),
+            "{message}"
+        );
+        assert!(message.contains("fallow catalog"), "{message}");
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
     }
 
     #[test]
@@ -235,6 +390,93 @@ mod tests {
             checked >= 20,
             "only {checked} catalog rows were checked against the source"
         );
+    }
+
+    /// Rows whose note names a `source row "X"` of the Epoch table agree with that row on every
+    /// figure it has (dense 16-bit as in the header comment, memory, bandwidth, power).
+    #[test]
+    fn source_rows_match_the_epoch_table() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/traces/gpu-specs-epoch/ml_hardware.csv"
+        );
+        let Ok(text) = std::fs::read_to_string(path) else {
+            eprintln!("SKIPPED source_rows_match_the_epoch_table: {path} is absent");
+            return;
+        };
+        let records = csv_records(&text);
+        let header = &records[0];
+        let column = |name: &str| {
+            header
+                .iter()
+                .position(|field| field.starts_with(name))
+                .unwrap_or_else(|| panic!("no column {name}"))
+        };
+        let (fp32, fp16, tensor) = (column("FP32 (single"), column("FP16 (half"), column("Tensor-FP16/BF16"));
+        let (memory, bandwidth, tdp) = (
+            column("Memory size per board"),
+            column("Memory bandwidth"),
+            column("TDP"),
+        );
+        let catalog = GpuCatalog::embedded();
+        let mut checked = 0;
+        for line in EMBEDDED_CATALOG.lines().filter(|line| !line.starts_with('#')) {
+            let Some((_, source)) = line.split_once("source row \"") else {
+                continue;
+            };
+            let source = source.split('"').next().unwrap();
+            let name = line.split(',').next().unwrap();
+            let spec = catalog.spec(catalog.find(name).unwrap());
+            let row = records
+                .iter()
+                .find(|row| row[0] == source)
+                .unwrap_or_else(|| panic!("{name}: no source row {source:?}"));
+            let figure = |index: usize| row[index].parse::<f64>().ok();
+            let larger = match (figure(fp16), figure(fp32)) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            if let Some(flops) = figure(tensor).or(larger) {
+                assert!(
+                    (spec.dense_tflops - flops / 1e12).abs() < 0.01,
+                    "{name}: {} vs {flops}",
+                    spec.dense_tflops
+                );
+            }
+            if let Some(bytes) = figure(memory) {
+                assert_eq!(spec.memory_mib, (bytes / 1e9 * 1024.0).round() as u32, "{name}");
+            }
+            if let Some(rate) = figure(bandwidth) {
+                assert_eq!(spec.memory_bandwidth_gb_s, (rate / 1e9).round() as u32, "{name}");
+            }
+            if let Some(watts) = figure(tdp) {
+                assert_eq!(spec.tdp_w, watts.round() as u32, "{name}");
+            }
+            checked += 1;
+        }
+        assert!(checked >= 9, "only {checked} rows name a source row");
+    }
+
+    /// The records of a CSV text whose quoted fields may hold commas, `""` and newlines.
+    fn csv_records(text: &str) -> Vec<Vec<String>> {
+        let mut records = vec![vec![String::new()]];
+        let mut quoted = false;
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            let record = records.last_mut().expect("never empty");
+            match c {
+                '"' if quoted && chars.peek() == Some(&'"') => {
+                    chars.next();
+                    record.last_mut().expect("never empty").push('"');
+                }
+                '"' => quoted = !quoted,
+                ',' if !quoted => record.push(String::new()),
+                '\n' if !quoted => records.push(vec![String::new()]),
+                '\r' if !quoted => {}
+                _ => record.last_mut().expect("never empty").push(c),
+            }
+        }
+        records
     }
 
     /// Splits one CSV line, honouring double quotes (the source's notes contain commas).

@@ -3,6 +3,7 @@
 //! messages that say what to do next. The subcommands live beside it, one file per party.
 
 pub mod admin;
+pub mod catalog;
 pub mod completions;
 pub mod config;
 pub mod job;

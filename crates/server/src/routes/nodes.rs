@@ -122,13 +122,8 @@ async fn new_node(
     check_name("fingerprint", &registration.fingerprint, false)?;
     trust::parse_public_key(&registration.public_key)?;
     let catalog = GpuCatalog::embedded();
-    if catalog.find(&registration.gpu_model).is_none() {
-        let known: Vec<&str> = catalog.models().map(|(_, spec)| spec.name.as_str()).collect();
-        return Err(ApiError::BadRequest(format!(
-            "gpu_model: unknown model {:?}; known: {}",
-            registration.gpu_model,
-            known.join(", ")
-        )));
+    if let Err(unknown) = catalog.find_or_explain(&registration.gpu_model) {
+        return Err(ApiError::BadRequest(format!("gpu_model: {unknown}")));
     }
     if !(1..=16).contains(&registration.gpu_count) {
         return Err(ApiError::BadRequest(format!(

@@ -739,13 +739,12 @@ pub fn from_node_list(
         .filter(|index| base.kinds[*index] != ProviderKind::Hobbyist)
         .collect();
     for (index, machine) in listed.iter().enumerate() {
-        let gpu_model = catalog.find(&machine.gpu_model).ok_or_else(|| FleetError::NodeList {
-            path: source.to_string(),
-            reason: format!(
-                "GPU model {:?} of {} is not in the catalog",
-                machine.gpu_model, machine.name
-            ),
-        })?;
+        let gpu_model = catalog
+            .find_or_explain(&machine.gpu_model)
+            .map_err(|unknown| FleetError::NodeList {
+                path: source.to_string(),
+                reason: format!("{}: {unknown}", machine.name),
+            })?;
         let template = &base.nodes[datacentre_or_lab[index % datacentre_or_lab.len()]];
         let kind = base.kinds[template.id.index()];
         let fabric = topology.nvlink_domains[template.path.nvlink.index()].fabric;
