@@ -171,6 +171,10 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
+/// The longest a stopping server waits for its open connections: inside `docker stop`'s 10 s
+/// before its SIGKILL.
+pub const DRAIN_MAX: Duration = Duration::from_secs(8);
+
 /// Where a server listens: plain TCP, or TLS over it.
 pub enum Listening {
     Plain(TcpListener),
@@ -195,21 +199,39 @@ impl Listening {
     }
 
     /// Serves `app`, each request with its peer's address (`ConnectInfo<SocketAddr>`), until
-    /// `stop` completes; then stops accepting and waits for the connections under way.
+    /// `stop` completes; then stops accepting and waits for the connections under way, at most
+    /// [`DRAIN_MAX`]: a tunnel or a long poll would otherwise hold the stop open for good.
     pub async fn serve(
         self,
         app: axum::Router,
         stop: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let app = app.into_make_service_with_connect_info::<SocketAddr>();
-        match self {
-            Listening::Plain(listener) => axum::serve(listener, app).with_graceful_shutdown(stop).await,
-            // `tap_io` changes nothing; axum gives `ConnectInfo<SocketAddr>` to a listener so
-            // wrapped (an impl of ours for its `IncomingStream` would break the orphan rule).
-            Listening::Tls(listener) => {
-                axum::serve(listener.tap_io(|_| {}), app)
-                    .with_graceful_shutdown(stop)
-                    .await
+        let (stopped, mut told) = tokio::sync::watch::channel(false);
+        let stop = async move {
+            stop.await;
+            let _ = stopped.send(true);
+        };
+        let drained = async move {
+            match self {
+                Listening::Plain(listener) => axum::serve(listener, app).with_graceful_shutdown(stop).await,
+                // `tap_io` changes nothing; axum gives `ConnectInfo<SocketAddr>` to a listener
+                // so wrapped (an impl of ours for its `IncomingStream` would break the orphan rule).
+                Listening::Tls(listener) => {
+                    axum::serve(listener.tap_io(|_| {}), app)
+                        .with_graceful_shutdown(stop)
+                        .await
+                }
+            }
+        };
+        tokio::select! {
+            served = drained => served,
+            () = async {
+                let _ = told.wait_for(|stopped| *stopped).await;
+                tokio::time::sleep(DRAIN_MAX).await;
+            } => {
+                tracing::warn!(drain_s = DRAIN_MAX.as_secs(), "connections still open after the drain; closing them");
+                Ok(())
             }
         }
     }
