@@ -20,13 +20,7 @@ const JOB_FINISHES_WITHIN: Duration = Duration::from_secs(30);
 
 /// Its stdout, after checking that it succeeded.
 fn ok(output: Output, what: &str) -> String {
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{what} failed:\nstdout: {stdout}\nstderr: {stderr}"
-    );
-    stdout
+    common::succeeded(&output, what)
 }
 
 fn ok_json(output: Output, what: &str) -> Value {
@@ -36,16 +30,7 @@ fn ok_json(output: Output, what: &str) -> Value {
 
 /// Its stderr, after checking that it failed with every one of `says` in it.
 fn fails(output: Output, what: &str, says: &[&str]) -> String {
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(
-        !output.status.success(),
-        "{what} succeeded: {}",
-        String::from_utf8_lossy(&output.stdout)
-    );
-    for text in says {
-        assert!(stderr.contains(text), "{what}: {text:?} not in: {stderr}");
-    }
-    stderr
+    common::failed_saying(&output, what, says)
 }
 
 /// One user of the CLI: a coordinator's URL and a key. Commands are given as a line split at

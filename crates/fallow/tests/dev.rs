@@ -99,13 +99,7 @@ fn fallow(url: &str, key: &str, args: &[&str]) -> Output {
 }
 
 fn ok(output: Output, what: &str) -> String {
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{what} failed:\nstdout: {stdout}\nstderr: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
+    common::succeeded(&output, what)
 }
 
 fn json(output: Output, what: &str) -> Value {

@@ -160,15 +160,7 @@ async fn wait_healthy(process: &mut Process, http: &reqwest::Client, url: &str) 
 }
 
 fn failed(output: &Output, what: &str, says: &[&str]) {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        !output.status.success(),
-        "{what} succeeded: {}",
-        String::from_utf8_lossy(&output.stdout)
-    );
-    for text in says {
-        assert!(stderr.contains(text), "{what}: {text:?} not in: {stderr}");
-    }
+    common::failed_saying(output, what, says);
 }
 
 /// What a plain-HTTP request to `addr` gets back: the bytes read until the server closes the

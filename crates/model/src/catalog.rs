@@ -367,14 +367,8 @@ mod tests {
                 continue;
             };
             let spec = catalog.spec(model);
-            let tensor: Option<f64> = fields[6].parse().ok();
-            let fp16: Option<f64> = fields[7].parse().ok();
-            let fp32: Option<f64> = fields[8].parse().ok();
-            let larger = match (fp16, fp32) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            };
-            let expected = tensor.or(larger).expect("a throughput figure");
+            let expected = dense_figure(fields[6].parse().ok(), fields[7].parse().ok(), fields[8].parse().ok())
+                .expect("a throughput figure");
             assert!(
                 (spec.dense_tflops - expected).abs() < 0.01,
                 "{}: {} vs {expected}",
@@ -432,11 +426,7 @@ mod tests {
                 .find(|row| row[0] == source)
                 .unwrap_or_else(|| panic!("{name}: no source row {source:?}"));
             let figure = |index: usize| row[index].parse::<f64>().ok();
-            let larger = match (figure(fp16), figure(fp32)) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            };
-            if let Some(flops) = figure(tensor).or(larger) {
+            if let Some(flops) = dense_figure(figure(tensor), figure(fp16), figure(fp32)) {
                 assert!(
                     (spec.dense_tflops - flops / 1e12).abs() < 0.01,
                     "{name}: {} vs {flops}",
@@ -455,6 +445,16 @@ mod tests {
             checked += 1;
         }
         assert!(checked >= 9, "only {checked} rows name a source row");
+    }
+
+    /// The catalog's dense 16-bit figure from a source's columns (the header comment's rule):
+    /// the tensor figure, else the larger of FP16 and FP32.
+    fn dense_figure(tensor: Option<f64>, fp16: Option<f64>, fp32: Option<f64>) -> Option<f64> {
+        let larger = match (fp16, fp32) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        tensor.or(larger)
     }
 
     /// The records of a CSV text whose quoted fields may hold commas, `""` and newlines.

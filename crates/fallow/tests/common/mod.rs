@@ -161,6 +161,20 @@ pub fn succeeded(output: &Output, what: &str) -> String {
     stdout
 }
 
+/// Its stderr, after checking that it failed with every one of `says` in it.
+pub fn failed_saying(output: &Output, what: &str, says: &[&str]) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        !output.status.success(),
+        "{what} succeeded: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    for text in says {
+        assert!(stderr.contains(text), "{what}: {text:?} not in: {stderr}");
+    }
+    stderr
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
