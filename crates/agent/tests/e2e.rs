@@ -725,6 +725,31 @@ async fn e2e_a_cut_off_agent_stops_its_replica_before_the_lease_moves_so_the_job
     world.end().await;
 }
 
+/// The coordinator names the interval in its first answer, and the node keeps it from its
+/// second beat on (the agent's own default is 10 s: a node that waited that long for its second
+/// beat was declared silent under a shorter timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_a_node_beats_at_the_interval_the_coordinator_names_from_its_second_beat() {
+    let world = world_with(|config| config.heartbeat_timeout_ms = 3_000).await;
+    let beats = || {
+        world
+            .running
+            .state
+            .metrics
+            .heartbeats
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = beats();
+    let (_, stop, task) = start_agent(&world, "keeps-time", ProcessExecutor).await;
+    tokio::time::sleep(Duration::from_millis(2_600)).await;
+    let taken = beats() - before;
+    // A beat at once and one every 500 ms: five or six; three leaves room for a slow machine,
+    // and one alone is the fault.
+    assert!(taken >= 3, "{taken} heartbeats in 2.6 s at a 500 ms interval");
+    stop_agent(stop, task).await;
+    world.end().await;
+}
+
 /// The lease of a job's view on `node`, if it has one that is live.
 fn lease_on(view: &Value, node: i64) -> Option<Value> {
     view["leases"]

@@ -384,7 +384,8 @@ impl<E: Executor> Agent<E> {
                             .over_limit(self.config.policy.thermal_limit_c, self.config.policy.power_limit_w),
                         leases: Some(self.held_leases()),
                     };
-                    let mut next_wait = heartbeat_every;
+                    // Taken after the answer: the first one sets the interval the next beat keeps.
+                    let mut next_wait = None;
                     match self.client.heartbeat(&self.key, self.node_id, &beat).await {
                         Ok(answer) => {
                             self.contact.send_replace(tokio::time::Instant::now());
@@ -420,11 +421,11 @@ impl<E: Executor> Agent<E> {
                             // Again within the usual interval, at a time of this node's own:
                             // nodes that failed together do not come back together.
                             if let Some(wait) = self.pacer.failed(&error) {
-                                next_wait = wait.min(heartbeat_every);
+                                next_wait = Some(wait.min(heartbeat_every));
                             }
                         }
                     }
-                    next_heartbeat = tokio::time::Instant::now() + next_wait;
+                    next_heartbeat = tokio::time::Instant::now() + next_wait.unwrap_or(heartbeat_every);
                 }
                 () = tokio::time::sleep(TICK) => {}
             }
