@@ -468,6 +468,12 @@ pub struct NodeView {
     /// Since when the node has been over its owner's thermal or power limits: it takes no new
     /// work, and its bronze work is preempted if that lasts.
     pub over_limit_since_us: Option<i64>,
+    /// The GPUs its owner reclaimed (`fallow node reclaim`, `fallow agent pause`), and until
+    /// when (none: until resumed).
+    #[serde(default)]
+    pub reclaimed_gpus: Vec<u8>,
+    #[serde(default)]
+    pub reclaimed_until_us: Option<i64>,
     pub live_leases: i64,
     pub earnings_micros: i64,
     /// The trust policy's reputation (docs/trust-policy.md § 1) with its inputs; in a single
@@ -749,6 +755,57 @@ pub struct LeaseEventRequest {
     /// its agent reserved for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
+}
+
+/// An owner takes GPUs of a node back (`POST /v1/nodes/{id}/reclaim`, or from the node's host,
+/// signed with its key: `POST /v1/agent/reclaim`). The GPUs taken take no new work for `for_s`
+/// (none: until resumed); bronze work on them stops after the grace period, firm work (gold,
+/// silver) runs on to its end unless `force`, which stops it too and pays its tenant the credit
+/// of docs/trust-policy.md § 8 from the provider's earnings.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReclaimRequest {
+    /// How many GPUs (none: all of them). Idle GPUs are taken first, then those running bronze
+    /// work, then those running firm work.
+    #[serde(default)]
+    pub gpus: Option<u32>,
+    /// For how long, in seconds (none: until `resume`).
+    #[serde(default)]
+    pub for_s: Option<u64>,
+    /// Stop firm work on the GPUs too.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// The longest reclaim with an end: a year (longer, or for good, is a reclaim without one).
+pub const RECLAIM_FOR_S_MAX: u64 = 366 * 24 * 3600;
+
+/// A node's reclaim: the GPUs its owner holds, until when, and what happens to the work on them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ReclaimView {
+    pub node_id: i64,
+    /// The GPUs reclaimed (empty: none, the node sells all of them).
+    pub gpus: Vec<u8>,
+    /// When they go back on sale (none: when the owner resumes the node).
+    pub until_us: Option<i64>,
+    /// Work on those GPUs that stops: bronze, and firm work when forced.
+    pub stopping: Vec<ReclaimedLease>,
+    /// Firm work on those GPUs that runs on to its end; the GPUs are the owner's after it.
+    pub running_on: Vec<ReclaimedLease>,
+}
+
+/// A lease on reclaimed GPUs.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ReclaimedLease {
+    pub lease_id: i64,
+    pub job_id: i64,
+    pub tier: String,
+    pub gpus: Vec<u8>,
+    /// When its replica is stopped (SIGTERM now, the kill at this time), if it stops.
+    pub stop_at_us: Option<i64>,
+    pub expected_end_us: i64,
+    /// What its tenant is paid for firm work stopped by force, from the provider's earnings.
+    pub credit_micros: i64,
 }
 
 /// A node's new public key, in a request signed by its current key.

@@ -34,6 +34,9 @@ pub struct FleetView {
     pub stale: bool,
     /// Preempted leases in their grace period, by store lease (`hold_victim`).
     pub victims: HashMap<i64, VictimHold>,
+    /// Nodes whose owner reclaimed GPUs: the GPUs reclaimed, and the matcher lease that holds
+    /// those of them that are free (`hold_reclaimed`).
+    pub reclaims: HashMap<NodeId, (u16, Option<LeaseId>)>,
 }
 
 /// A stored live lease the rebuilt matcher could not hold.
@@ -58,6 +61,9 @@ impl std::fmt::Display for Conflict {
 /// The matcher job ids of victims' holds (`FleetView::hold_rest`): this bit and the victim's
 /// store lease id, never a store job's id.
 pub const HOLD_JOBS: u64 = 1 << 62;
+/// The matcher job ids of owners' reclaims (`FleetView::hold_reclaimed`): this bit and the
+/// store node id.
+pub const RECLAIM_JOBS: u64 = 1 << 61;
 
 /// A preempted lease in its grace period: its GPUs on its node, and the job that preempted it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,6 +185,7 @@ impl FleetView {
             conflicts: Vec::new(),
             stale: false,
             victims: HashMap::new(),
+            reclaims: HashMap::new(),
         };
         // Leases first, then take the silent and broken nodes offline: a lease on a node that
         // went silent while the coordinator was down is found by the next liveness pass.
@@ -298,6 +305,15 @@ impl FleetView {
                 view.matcher.set_node_cordoned(NodeId(position as u32), true);
             }
         }
+        // What owners reclaimed: held where free now, the rest as its work ends.
+        for position in 0..view.records.len() {
+            let mask = view.records[position].reclaim_gpu_mask;
+            if mask != 0 && !broken.contains(&position) {
+                let node = NodeId(position as u32);
+                view.reclaims.insert(node, (mask as u16, None));
+                view.hold_reclaimed(node);
+            }
+        }
         if !broken.is_empty() {
             tracing::error!(count = broken.len(), "nodes with unreadable policies are kept offline");
         }
@@ -361,6 +377,97 @@ impl FleetView {
         Ok(())
     }
 
+    /// Applies an owner's reclaim of `store_node`'s GPUs (`gpu_mask`; 0: resumed) at once,
+    /// before the view is built again from the store.
+    pub fn set_reclaim(&mut self, store_node: i64, gpu_mask: u16) {
+        let Some(node) = self.dense.get(&store_node).copied() else {
+            return;
+        };
+        if let Some(record) = self.records.get_mut(node.index()) {
+            record.reclaim_gpu_mask = i64::from(gpu_mask);
+        }
+        if gpu_mask == 0 {
+            if let Some((_, Some(id))) = self.reclaims.remove(&node) {
+                self.matcher.release_lease(id);
+            }
+            return;
+        }
+        let held = self.reclaims.get(&node).and_then(|(_, held)| *held);
+        self.reclaims.insert(node, (gpu_mask, held));
+        self.hold_reclaimed(node);
+    }
+
+    /// Whether the owner of `store_node` reclaimed any GPU of `gpu_mask`.
+    pub fn reclaimed(&self, store_node: i64, gpu_mask: i64) -> bool {
+        self.dense
+            .get(&store_node)
+            .and_then(|node| self.reclaims.get(node))
+            .is_some_and(|(mask, _)| i64::from(*mask) & gpu_mask != 0)
+    }
+
+    /// Holds, in one matcher lease of its own job (gold: never preempted), the GPUs of `node`'s
+    /// reclaim that are wholly free now, in place of what was held; GPUs still in use are held
+    /// when their work ends (`release`). Nothing on a node that is off line (`set_online`).
+    fn hold_reclaimed(&mut self, node: NodeId) {
+        let Some((mask, held)) = self.reclaims.get(&node).copied() else {
+            return;
+        };
+        if let Some(id) = held {
+            self.matcher.release_lease(id);
+            self.reclaims.insert(node, (mask, None));
+        }
+        if self.matcher.nodes().get(node.index()).is_none()
+            || self.records.get(node.index()).is_none_or(|record| !record.online)
+        {
+            return;
+        }
+        let free = self
+            .matcher
+            .node_capacity(node)
+            .gpu_milli_free
+            .iter()
+            .enumerate()
+            .filter(|(_, free)| **free >= model::GPU_MILLI_WHOLE)
+            .fold(0u16, |free, (gpu, _)| free | (1 << gpu));
+        let gpu_mask = mask & free;
+        if gpu_mask == 0 {
+            return;
+        }
+        let job = JobId(RECLAIM_JOBS | self.node_ids[node.index()] as u64);
+        let placement = Placement {
+            job,
+            tier: Tier::Gold,
+            leases: vec![Lease {
+                id: LeaseId(0),
+                job,
+                replica: 0,
+                node,
+                gpu_mask,
+                gpu_milli: model::GPU_MILLI_WHOLE,
+                cpu_milli: 0,
+                memory_mib: 0,
+                epoch: 0,
+                start: 0,
+                expected_end: i64::MAX / 2,
+                price: Micros(0),
+                state: LeaseState::Running,
+            }],
+            clearing_price_per_cu_hour: None,
+            preempt_at: None,
+            checkpoint_interval_s: 0,
+        };
+        match self.matcher.commit(&placement) {
+            Ok(committed) => {
+                self.reclaims.insert(node, (mask, Some(committed[0].id)));
+            }
+            Err(error) => {
+                // Free GPUs always fit; a failure is a bug, and the next view finds it.
+                tracing::error!(node = self.node_ids[node.index()], %error, "reclaimed GPUs could not be held");
+                self.stale = true;
+            }
+        }
+    }
+
     /// Forgets a lease the store ended, freeing its capacity (a victim's hold with it). A
     /// preemptor's lease that ends before its victims' grace does gives its GPUs back to them.
     pub fn release(&mut self, store_lease: i64) -> bool {
@@ -387,6 +494,15 @@ impl FleetView {
                 }
             }
         }
+        // GPUs an owner reclaimed are theirs once the work on them ends.
+        if let Some(lease) = &released
+            && self
+                .reclaims
+                .get(&lease.node)
+                .is_some_and(|(mask, _)| mask & lease.gpu_mask != 0)
+        {
+            self.hold_reclaimed(lease.node);
+        }
         released.is_some()
     }
 
@@ -405,9 +521,14 @@ impl FleetView {
                 self.lease_of_store.remove(&store_lease);
             }
         }
-        if !online {
-            // The victims there are lost with the node.
+        if online {
+            self.hold_reclaimed(node);
+        } else {
+            // The victims there are lost with the node, and the reclaim's hold with its leases.
             self.victims.retain(|_, victim| victim.node != node);
+            if let Some((mask, _)) = self.reclaims.get(&node).copied() {
+                self.reclaims.insert(node, (mask, None));
+            }
         }
         lost
     }
@@ -510,6 +631,8 @@ pub(crate) mod tests {
             telemetry: None,
             over_limit_since: None,
             fraud_cordoned_at,
+            reclaim_gpu_mask: 0,
+            reclaim_until: None,
         }
     }
 
@@ -568,6 +691,46 @@ pub(crate) mod tests {
         assert!(view.release(1), "the hold goes with the victim's lease");
         assert!(view.matcher.job_leases(JobId(HOLD_JOBS | 1)).is_empty());
         assert!(!view.matcher.node_cordoned(NodeId(0)));
+        assert_eq!(view.matcher.consistency_check(), Ok(()));
+    }
+
+    /// An owner's reclaim of GPUs 0 to 2 while a gold lease runs on GPU 1: the rebuilt view
+    /// holds GPUs 0 and 2 at once and GPU 1 when the lease ends, so nothing is placed on any of
+    /// them; resumed, all are free again; off line and back, the hold comes back with the node.
+    #[test]
+    fn a_rebuilt_view_holds_reclaimed_gpus_and_takes_each_as_its_work_ends() {
+        let mut reclaimed = record(1, None);
+        reclaimed.reclaim_gpu_mask = 0b111;
+        let mut view = FleetView::build(
+            vec![reclaimed],
+            &[lease(1, 10, 1, 0b10, None)],
+            &Standings::default(),
+            store::NodesVersion::default(),
+            MatcherConfig::default(),
+        );
+        assert_eq!(view.conflicts, Vec::new());
+        let held = |view: &FleetView| -> Vec<u16> {
+            view.matcher
+                .job_leases(JobId(RECLAIM_JOBS | 1))
+                .iter()
+                .map(|lease| lease.gpu_mask)
+                .collect()
+        };
+        let free =
+            |view: &FleetView| -> Vec<u16> { view.matcher.node_capacity(NodeId(0)).gpu_milli_free[..4].to_vec() };
+        assert_eq!(held(&view), vec![0b101]);
+        assert_eq!(free(&view), vec![0, 0, 0, 1000]);
+        assert!(view.reclaimed(1, 0b10) && !view.reclaimed(1, 0b1000));
+        assert!(view.release(1));
+        assert_eq!(held(&view), vec![0b111], "GPU 1 is the owner's once its lease ends");
+        assert_eq!(free(&view), vec![0, 0, 0, 1000]);
+        view.set_online(1, false);
+        assert_eq!(held(&view), Vec::<u16>::new());
+        view.set_online(1, true);
+        assert_eq!(held(&view), vec![0b111], "back on line, still the owner's");
+        view.set_reclaim(1, 0);
+        assert_eq!(held(&view), Vec::<u16>::new());
+        assert_eq!(free(&view), vec![1000, 1000, 1000, 1000]);
         assert_eq!(view.matcher.consistency_check(), Ok(()));
     }
 

@@ -22,6 +22,7 @@ pub mod lifecycle;
 mod metrics;
 mod money;
 mod openapi;
+mod reclaim;
 pub mod reconcile;
 mod rendezvous;
 mod reputation;
@@ -83,6 +84,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/nodes/{id}", get(routes::show_node))
         .route("/v1/nodes/{id}/policy", put(routes::set_policy))
+        .route(
+            "/v1/nodes/{id}/reclaim",
+            post(routes::reclaim_node).delete(routes::resume_node),
+        )
         .route("/v1/agent/tunnel", post(routes::agent_tunnel))
         .route("/v1/gateways", post(routes::report_gateway).get(routes::list_gateways))
         .route("/v1/gateway/services/{name}", get(routes::service_route))
@@ -108,6 +113,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/agent/leases/{id}/events", post(routes::lease_event))
         .route("/v1/agent/leases/{id}/logs", post(routes::lease_log))
         .route("/v1/agent/key", post(routes::rotate_node_key))
+        .route("/v1/agent/reclaim", post(routes::agent_reclaim))
+        .route("/v1/agent/resume", post(routes::agent_resume))
         .route("/v1/agent/leases/{id}/progress", post(routes::lease_progress))
         .route("/v1/agent/usage", post(routes::report_usage))
         .route("/v1/agent/attestations", post(routes::attest))

@@ -280,6 +280,15 @@ pub async fn why_preempted(state: &AppState, lease: &store::LeaseRecord) -> Stri
     if let Some(by) = lease.preempted_by {
         return format!("preempted for job {by}");
     }
+    let reclaimed = state
+        .view
+        .lock()
+        .await
+        .as_ref()
+        .is_some_and(|view| view.reclaimed(lease.lease.node_id, lease.lease.gpu_mask));
+    if reclaimed {
+        return "preempted: its provider took the GPUs back (docs/trust-policy.md § 8)".into();
+    }
     let hot = state.view.lock().await.as_ref().is_some_and(|view| {
         view.dense
             .get(&lease.lease.node_id)

@@ -192,6 +192,8 @@ pub struct Cursor {
     pub canaries_checked_at: i64,
     /// When the last pass looked for gangs past their start barrier's deadline.
     pub gangs_checked_at: i64,
+    /// When the last pass looked for owners' reclaims whose time is up.
+    pub reclaims_checked_at: i64,
 }
 
 /// How often the leader looks for gangs past their start barrier's deadline.
@@ -263,6 +265,10 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
     // came on line.)
     cursor.online_since = cursor.online_since.max(now);
     over_limits(state, cursor, now).await?;
+    if now - cursor.reclaims_checked_at >= crate::reclaim::EXPIRY_CHECK_EVERY_US {
+        cursor.reclaims_checked_at = now;
+        crate::reclaim::end_expired(state, now).await?;
+    }
     // A new leader finds no node silent before it has led for a whole timeout: until then, a
     // node it has not heard from may have beaten to the replica that led before, whose rows of
     // those beats lag (see `beats`). Kubernetes' node controller waits the same way.

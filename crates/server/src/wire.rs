@@ -149,6 +149,8 @@ pub fn node_view(record: &NodeRecord, reliability: f64, live_leases: i64, earnin
             .as_deref()
             .and_then(|text| serde_json::from_str(text).ok()),
         over_limit_since_us: record.over_limit_since,
+        reclaimed_gpus: gpu_indices(record.reclaim_gpu_mask),
+        reclaimed_until_us: record.reclaim_until,
         live_leases,
         earnings_micros,
         reputation: None,

@@ -15,7 +15,7 @@ const NONCES_PER_STATEMENT_MAX: usize = 256;
 const NODE_COLUMNS: &str = "id, provider_id, name, public_key, fingerprint, fingerprint_changed_at, region, site, \
     fabric, nvlink_domain, latitude, longitude, gpu_model, gpu_count, cpu_milli, memory_mib, network_mbit_s, \
     simulated, policy, datasets, registered_at, updated_at, last_heartbeat_at, online, telemetry, over_limit_since, runtimes, fraud_cordoned_at, \
-    advertise_addr, gang_ports, nvlink_source, nvlink_detected, location_source";
+    advertise_addr, gang_ports, nvlink_source, nvlink_detected, location_source, reclaim_gpu_mask, reclaim_until";
 
 fn node_from(row: &AnyRow) -> Result<NodeRecord> {
     Ok(NodeRecord {
@@ -54,6 +54,8 @@ fn node_from(row: &AnyRow) -> Result<NodeRecord> {
         telemetry: row.try_get("telemetry")?,
         over_limit_since: row.try_get("over_limit_since")?,
         fraud_cordoned_at: row.try_get("fraud_cordoned_at")?,
+        reclaim_gpu_mask: row.try_get("reclaim_gpu_mask")?,
+        reclaim_until: row.try_get("reclaim_until")?,
     })
 }
 
@@ -128,6 +130,8 @@ fn new_node_record(id: i64, node: &NewNode, now: i64) -> NodeRecord {
         telemetry: None,
         over_limit_since: None,
         fraud_cordoned_at: None,
+        reclaim_gpu_mask: 0,
+        reclaim_until: None,
     }
 }
 
@@ -436,6 +440,52 @@ impl Store {
         };
         let done = sqlx::query(query).bind(now).bind(id).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// Sets a node's reclaim: the GPUs of `gpu_mask` (0: none, the node is resumed) are its
+    /// owner's until `until` (`None`: until resumed). Moves `updated_at`, so the leader's view is
+    /// built again with them held. False when the node does not exist.
+    pub async fn set_node_reclaim(&self, id: i64, gpu_mask: i64, until: Option<i64>, now: i64) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE nodes SET reclaim_gpu_mask = $1, reclaim_until = $2, \
+             updated_at = CASE WHEN updated_at >= $3 THEN updated_at + 1 ELSE $3 END WHERE id = $4",
+        )
+        .bind(gpu_mask)
+        .bind(if gpu_mask == 0 { None } else { until })
+        .bind(now)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Ends the reclaims whose time is up at `now`; returns the nodes resumed, in id order.
+    pub async fn end_expired_reclaims(&self, now: i64) -> Result<Vec<i64>> {
+        let rows = sqlx::query(
+            "SELECT id FROM nodes WHERE reclaim_gpu_mask <> 0 AND reclaim_until IS NOT NULL \
+             AND reclaim_until <= $1 ORDER BY id",
+        )
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut resumed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let id: i64 = row.try_get("id")?;
+            // Only if no new reclaim replaced it meanwhile.
+            let done = sqlx::query(
+                "UPDATE nodes SET reclaim_gpu_mask = 0, reclaim_until = NULL, \
+                 updated_at = CASE WHEN updated_at >= $1 THEN updated_at + 1 ELSE $1 END \
+                 WHERE id = $2 AND reclaim_until IS NOT NULL AND reclaim_until <= $1",
+            )
+            .bind(now)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+            if done.rows_affected() == 1 {
+                resumed.push(id);
+            }
+        }
+        Ok(resumed)
     }
 
     /// Nodes whose over-limit state changed at or after `since`.

@@ -128,6 +128,10 @@ pub struct NodeRecord {
     pub over_limit_since: Option<i64>,
     /// Cordoned for proven fraud since then, until a canary passes on its current hardware.
     pub fraud_cordoned_at: Option<i64>,
+    /// The GPUs its owner reclaimed (bit i: GPU i; 0: none), until `reclaim_until` (`None`:
+    /// until resumed). They take no new work; see `Store::set_node_reclaim`.
+    pub reclaim_gpu_mask: i64,
+    pub reclaim_until: Option<i64>,
 }
 
 /// One heartbeat to record: batched, many per transaction.

@@ -583,6 +583,13 @@ pub fn check_usage(
 }
 
 // ---------------------------------------------------------------------------------------------
+// § 8 An owner takes GPUs back
+
+/// § 8: firm work (gold, silver) an owner stops by force (`fallow node reclaim --force`) pays
+/// its tenant this many hours of the lease at its price, from the provider's earnings.
+pub const RECLAIM_CREDIT_HOURS: u64 = 1;
+
+// ---------------------------------------------------------------------------------------------
 // § 5 Dropped jobs and missed windows
 
 /// § 5: this many dropped leases from one node within [`DROP_WINDOW_MS`] prove dropped jobs.

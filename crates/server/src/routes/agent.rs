@@ -376,6 +376,24 @@ pub async fn rotate_node_key(State(state): AppStateRef, signed: Signed<KeyRotati
     Ok(Json(crate::wire::node_view(&record, 0.0, 0, 0)))
 }
 
+/// The owner takes GPUs of this node back from its host (`fallow agent reclaim`, `pause`),
+/// signed with the node's key: no provider key on the host.
+pub async fn agent_reclaim(State(state): AppStateRef, signed: Signed<ReclaimRequest>) -> ApiResult<Json<ReclaimView>> {
+    let now = state.now_us();
+    Ok(Json(
+        crate::reclaim::reclaim(&state, signed.node_id, &signed.body, now).await?,
+    ))
+}
+
+/// The owner gives this node's GPUs back to the market from its host (`fallow agent resume`).
+pub async fn agent_resume(
+    State(state): AppStateRef,
+    signed: Signed<serde_json::Value>,
+) -> ApiResult<Json<ReclaimView>> {
+    let now = state.now_us();
+    Ok(Json(crate::reclaim::resume(&state, signed.node_id, now).await?))
+}
+
 /// A replica's progress from its agent, at the lease's current epoch.
 pub async fn lease_progress(
     State(state): AppStateRef,

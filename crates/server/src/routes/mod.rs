@@ -19,14 +19,17 @@ mod trust;
 pub(crate) use admin::{
     create_account, create_key, credit, evidence, list_accounts, list_keys, revoke_key, rotate_key,
 };
-pub(crate) use agent::{heartbeat, lease_event, lease_log, lease_progress, poll_leases, rotate_node_key};
+pub(crate) use agent::{
+    agent_reclaim, agent_resume, heartbeat, lease_event, lease_log, lease_progress, poll_leases, rotate_node_key,
+};
 pub(crate) use billing::{balance, invoice, own_balance, statement};
 pub(crate) use gateway::{agent_tunnel, gateway_node, list_gateways, report_gateway, serve, service_route};
 pub(crate) use jobs::{cancel_job, job_logs, job_logs_page, jobs_page, list_jobs, quote_job, show_job, submit_job};
 pub(crate) use market::{health, market, market_index};
 pub(crate) use metrics::metrics;
 pub(crate) use nodes::{
-    earnings, list_nodes, list_sites, register_node, register_nodes, set_policy, set_site, show_node,
+    earnings, list_nodes, list_sites, reclaim_node, register_node, register_nodes, resume_node, set_policy, set_site,
+    show_node,
 };
 pub(crate) use offers::search_offers;
 pub(crate) use records::{attest, report_usage};

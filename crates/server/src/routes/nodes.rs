@@ -313,6 +313,31 @@ pub async fn set_policy(
     Ok(Json(full_node_view(&state, &record).await?))
 }
 
+/// An owner takes GPUs of a node back (docs/trust-policy.md § 8).
+pub async fn reclaim_node(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(id): Path<i64>,
+    JsonBody(request): JsonBody<ReclaimRequest>,
+) -> ApiResult<Json<ReclaimView>> {
+    require(&caller, &[Role::Provider, Role::Admin])?;
+    own_node(&state, &caller, id).await?;
+    Ok(Json(
+        crate::reclaim::reclaim(&state, id, &request, state.now_us()).await?,
+    ))
+}
+
+/// Gives a node's reclaimed GPUs back to the market.
+pub async fn resume_node(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<ReclaimView>> {
+    require(&caller, &[Role::Provider, Role::Admin])?;
+    own_node(&state, &caller, id).await?;
+    Ok(Json(crate::reclaim::resume(&state, id, state.now_us()).await?))
+}
+
 /// Sets a site's coordinates (admins): its nodes that declare none move to them, and the
 /// matcher sees them at its next rebuild.
 pub async fn set_site(
