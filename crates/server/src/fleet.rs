@@ -349,29 +349,12 @@ impl FleetView {
         if gpu_mask == 0 {
             return Ok(());
         }
-        let job = JobId(HOLD_JOBS | store_lease as u64);
-        let placement = Placement {
-            job,
-            tier: Tier::Gold,
-            leases: vec![Lease {
-                id: LeaseId(0),
-                job,
-                replica: 0,
-                node: victim.node,
-                gpu_mask,
-                gpu_milli: victim.gpu_milli,
-                cpu_milli: 0,
-                memory_mib: 0,
-                epoch: 0,
-                start: 0,
-                expected_end: i64::MAX / 2,
-                price: Micros(0),
-                state: LeaseState::Running,
-            }],
-            clearing_price_per_cu_hour: None,
-            preempt_at: None,
-            checkpoint_interval_s: 0,
-        };
+        let placement = hold(
+            JobId(HOLD_JOBS | store_lease as u64),
+            victim.node,
+            gpu_mask,
+            victim.gpu_milli,
+        );
         let committed = self.matcher.commit(&placement).map_err(|error| error.to_string())?;
         self.record_lease(store_lease, committed[0].id);
         Ok(())
@@ -434,28 +417,7 @@ impl FleetView {
             return;
         }
         let job = JobId(RECLAIM_JOBS | self.node_ids[node.index()] as u64);
-        let placement = Placement {
-            job,
-            tier: Tier::Gold,
-            leases: vec![Lease {
-                id: LeaseId(0),
-                job,
-                replica: 0,
-                node,
-                gpu_mask,
-                gpu_milli: model::GPU_MILLI_WHOLE,
-                cpu_milli: 0,
-                memory_mib: 0,
-                epoch: 0,
-                start: 0,
-                expected_end: i64::MAX / 2,
-                price: Micros(0),
-                state: LeaseState::Running,
-            }],
-            clearing_price_per_cu_hour: None,
-            preempt_at: None,
-            checkpoint_interval_s: 0,
-        };
+        let placement = hold(job, node, gpu_mask, model::GPU_MILLI_WHOLE);
         match self.matcher.commit(&placement) {
             Ok(committed) => {
                 self.reclaims.insert(node, (mask, Some(committed[0].id)));
@@ -566,6 +528,33 @@ impl FleetView {
 
     pub fn region(&self, name: &str) -> Option<RegionId> {
         self.matcher.topology().find_region(name)
+    }
+}
+
+/// A placement that holds `gpu_mask` of `node` for `job` alone: gold (never preempted), GPUs
+/// only, with no end and no price (a victim's rest, an owner's reclaim).
+fn hold(job: JobId, node: NodeId, gpu_mask: u16, gpu_milli: u16) -> Placement {
+    Placement {
+        job,
+        tier: Tier::Gold,
+        leases: vec![Lease {
+            id: LeaseId(0),
+            job,
+            replica: 0,
+            node,
+            gpu_mask,
+            gpu_milli,
+            cpu_milli: 0,
+            memory_mib: 0,
+            epoch: 0,
+            start: 0,
+            expected_end: i64::MAX / 2,
+            price: Micros(0),
+            state: LeaseState::Running,
+        }],
+        clearing_price_per_cu_hour: None,
+        preempt_at: None,
+        checkpoint_interval_s: 0,
     }
 }
 

@@ -40,6 +40,14 @@ async fn running(h: &Harness, agent: &Agent, tenant: &Account, name: &str, tier:
     (id, lease)
 }
 
+/// The tenant "acme" with $100 of credit and the provider "basement".
+async fn tenant_and_owner(h: &Harness) -> (Account, Account) {
+    let tenant = h.tenant("acme").await;
+    let provider = h.provider("basement").await;
+    h.credit(&tenant, "100.00").await;
+    (tenant, provider)
+}
+
 async fn node_view(h: &Harness, provider: &Account, agent: &Agent) -> Value {
     h.get(&provider.key, &format!("/v1/nodes/{}", agent.node_id))
         .await
@@ -55,9 +63,7 @@ async fn an_owner_takes_gpus_back_bronze_stops_firm_runs_on_unless_forced_and_no
     on_every_backend_with(
         |config| config.matcher.preemption_grace_s = GRACE_S,
         async |h: &Harness| {
-            let tenant = h.tenant("acme").await;
-            let provider = h.provider("basement").await;
-            h.credit(&tenant, "100.00").await;
+            let (tenant, provider) = tenant_and_owner(h).await;
             let agent = h.node(&provider, "rack", |_| {}).await;
             let (bronze_id, bronze) = running(h, &agent, &tenant, "sweep", "bronze", 2).await;
             let (_, gold) = running(h, &agent, &tenant, "train", "gold", 2).await;
@@ -220,9 +226,7 @@ async fn a_reclaim_ends_when_its_time_is_up_and_the_host_can_pause_with_the_node
     on_every_backend_with(
         |config| config.matcher.preemption_grace_s = GRACE_S,
         async |h: &Harness| {
-            let tenant = h.tenant("acme").await;
-            let provider = h.provider("basement").await;
-            h.credit(&tenant, "100.00").await;
+            let (tenant, provider) = tenant_and_owner(h).await;
             let agent = h
                 .node(&provider, "desk", |registration| registration["gpu_count"] = json!(1))
                 .await;
