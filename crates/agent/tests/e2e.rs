@@ -160,7 +160,19 @@ async fn start_agent_with<E: Executor>(
     config: AgentConfig,
     executor: E,
 ) -> (i64, tokio::sync::watch::Sender<bool>, tokio::task::JoinHandle<()>) {
-    let inventory = agent::gpu::simulated("H100-SXM5:2", |name| name == "H100-SXM5").unwrap();
+    start_agent_on(config, simulated_h100s(), executor).await
+}
+
+/// Two simulated H100s.
+fn simulated_h100s() -> agent::gpu::Inventory {
+    agent::gpu::simulated("H100-SXM5:2", |name| name == "H100-SXM5").unwrap()
+}
+
+async fn start_agent_on<E: Executor>(
+    config: AgentConfig,
+    inventory: agent::gpu::Inventory,
+    executor: E,
+) -> (i64, tokio::sync::watch::Sender<bool>, tokio::task::JoinHandle<()>) {
     let agent = Agent::start(config, inventory, executor)
         .await
         .expect("the agent registers");
@@ -746,6 +758,53 @@ async fn e2e_a_node_beats_at_the_interval_the_coordinator_names_from_its_second_
     // A beat at once and one every 500 ms: five or six; three leaves room for a slow machine,
     // and one alone is the fault.
     assert!(taken >= 3, "{taken} heartbeats in 2.6 s at a 500 ms interval");
+    stop_agent(stop, task).await;
+    world.end().await;
+}
+
+/// Limits set at the coordinator (`fallow node policy set`) reach the running agent: its GPUs
+/// run at 75 °C, under no limit; a 70 °C limit set by the owner makes the node say it is over
+/// it within a few heartbeats, without a restart, and lifting the limit clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_limits_set_at_the_coordinator_reach_the_running_agent() {
+    let world = world().await;
+    let mut warm = simulated_h100s();
+    for gpu in &mut warm.gpus {
+        gpu.temperature_c = 75.0;
+    }
+    let (node, stop, task) = start_agent_on(agent_config(&world, "warm"), warm, ProcessExecutor).await;
+    let path = format!("/v1/nodes/{node}");
+    let over_limit = async |world: &World| -> Value {
+        let (status, view) = call(world, &world.provider_key, reqwest::Method::GET, &path, None).await;
+        assert_eq!(status, 200, "{view}");
+        view["over_limit_since_us"].clone()
+    };
+    let mut policy = call(&world, &world.provider_key, reqwest::Method::GET, &path, None)
+        .await
+        .1["policy"]
+        .clone();
+    assert_eq!(over_limit(&world).await, Value::Null, "no limit yet");
+    for (limit, over) in [(json!(70), true), (Value::Null, false)] {
+        policy["thermal_limit_c"] = limit.clone();
+        let (status, answer) = call(
+            &world,
+            &world.provider_key,
+            reqwest::Method::PUT,
+            &format!("{path}/policy"),
+            Some(policy.clone()),
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+        let start = Instant::now();
+        while over_limit(&world).await.is_null() == over {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "the node never said it is {}over a limit of {limit}",
+                if over { "" } else { "no longer " }
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     stop_agent(stop, task).await;
     world.end().await;
 }

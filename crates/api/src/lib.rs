@@ -551,6 +551,19 @@ pub struct HeartbeatResponse {
     /// each, besides the one to the coordinator's own gateway.
     #[serde(default)]
     pub gateways: Vec<String>,
+    /// The node's thermal and power limits as its policy says now: a change made with
+    /// `fallow node policy set` reaches the running agent with its next heartbeat (none: an
+    /// older coordinator, the agent keeps its own).
+    #[serde(default)]
+    pub limits: Option<NodeLimits>,
+}
+
+/// A node's thermal and power limits (`PolicyDoc::thermal_limit_c`, `power_limit_w`): over
+/// either, it takes no new work and its bronze work is preempted if that lasts.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct NodeLimits {
+    pub thermal_limit_c: Option<u16>,
+    pub power_limit_w: Option<u32>,
 }
 
 /// A known-answer benchmark the coordinator orders on a node (docs/trust-policy.md § 3).

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use store::{Backend, JobRecord, NewJob, Role, Store};
 use trust::{NonceCache, VerifyingKey};
@@ -31,7 +31,15 @@ pub struct Caller {
 pub struct NodeIdentity {
     pub key: VerifyingKey,
     pub provider_id: i64,
+    /// The limits of its policy, sent back in heartbeat answers.
+    pub limits: api::NodeLimits,
+    read_at: Instant,
 }
+
+/// How long a replica trusts its cached copy of a node's identity and limits: a key rotated or
+/// a policy set at another replica reaches this one within it (at once at the replica that
+/// took the change, `forget_node`). A read per node per this, beside its heartbeats.
+pub const NODE_CACHE_TTL: Duration = Duration::from_secs(300);
 
 struct Bucket {
     tokens: f64,
@@ -283,7 +291,7 @@ impl AppState {
         self.service_keys.lock().expect("service key cache lock").remove(key_id);
     }
 
-    /// Forgets a node's cached key (it was rotated).
+    /// Forgets a node's cached key and limits (its key was rotated, its policy set).
     pub fn forget_node(&self, node_id: i64) {
         self.nodes.lock().expect("node cache lock").remove(&node_id);
     }
@@ -291,7 +299,9 @@ impl AppState {
     /// The node's registered public key and provider (cached; a rotation here or on another
     /// replica makes it forgotten, see `forget_node`).
     pub async fn node_identity(&self, node_id: i64) -> Result<NodeIdentity, ApiError> {
-        if let Some(found) = self.nodes.lock().expect("node cache lock").get(&node_id) {
+        if let Some(found) = self.nodes.lock().expect("node cache lock").get(&node_id)
+            && found.read_at.elapsed() < NODE_CACHE_TTL
+        {
             return Ok(found.clone());
         }
         let record = self
@@ -300,9 +310,15 @@ impl AppState {
             .await?
             .ok_or_else(|| ApiError::Unauthorized(format!("node {node_id} is not registered")))?;
         let key = trust::parse_public_key(&record.node.public_key)?;
+        let policy = serde_json::from_str::<api::PolicyDoc>(&record.node.policy).unwrap_or_default();
         let identity = NodeIdentity {
             key,
             provider_id: record.node.provider_id,
+            limits: api::NodeLimits {
+                thermal_limit_c: policy.thermal_limit_c,
+                power_limit_w: policy.power_limit_w,
+            },
+            read_at: Instant::now(),
         };
         self.nodes
             .lock()

@@ -407,6 +407,9 @@ impl<E: Executor> Agent<E> {
                             // The lease set comes from the long poll alone: it is versioned,
                             // while a heartbeat answered late may carry an older set, which
                             // would stop a replica the newer one just started.
+                            if let Some(limits) = answer.limits {
+                                self.take_limits(limits);
+                            }
                             self.start_canaries(answer.canaries);
                             self.gateways.send_if_modified(|gateways| {
                                 let changed = *gateways != answer.gateways;
@@ -451,6 +454,22 @@ impl<E: Executor> Agent<E> {
         self.save_runs();
         let _ = poller.await;
         Ok(())
+    }
+
+    /// Takes the limits the coordinator holds for this node (set there with `fallow node policy
+    /// set`): the next heartbeat says whether the node is over them.
+    fn take_limits(&mut self, limits: api::NodeLimits) {
+        let policy = &mut self.config.policy;
+        if policy.thermal_limit_c == limits.thermal_limit_c && policy.power_limit_w == limits.power_limit_w {
+            return;
+        }
+        tracing::info!(
+            thermal_limit_c = ?limits.thermal_limit_c,
+            power_limit_w = ?limits.power_limit_w,
+            "the node's limits changed at the coordinator; taking them"
+        );
+        policy.thermal_limit_c = limits.thermal_limit_c;
+        policy.power_limit_w = limits.power_limit_w;
     }
 
     /// Meters usage, notices ends, and starts the grace period of preempted replicas.

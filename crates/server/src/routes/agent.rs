@@ -145,6 +145,7 @@ pub async fn heartbeat(
         heartbeat_timeout_ms: state.config.heartbeat_timeout_ms,
         canaries: crate::canaries::orders_for(&state, signed.node_id, now).await?,
         gateways: state.gateway.others().into_iter().map(|(url, _, _)| url).collect(),
+        limits: Some(state.node_identity(signed.node_id).await?.limits),
     }))
 }
 

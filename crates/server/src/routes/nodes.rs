@@ -308,6 +308,8 @@ pub async fn set_policy(
     policy.to_model()?;
     let text = serde_json::to_string(&policy).map_err(|error| ApiError::Internal(error.to_string()))?;
     state.store.set_node_policy(id, &text, state.now_us()).await?;
+    // Its limits reach the running agent with its next heartbeat.
+    state.forget_node(id);
     state.wake.notify_one();
     let record = own_node(&state, &caller, id).await?;
     Ok(Json(full_node_view(&state, &record).await?))
