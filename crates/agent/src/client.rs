@@ -278,6 +278,56 @@ impl Client {
         .map(|_| ())
     }
 
+    /// Restates what the agent says of its registered node on start (`api::NodeRestatement`).
+    pub async fn restate(
+        &self,
+        key: &NodeKey,
+        node_id: i64,
+        restatement: &api::NodeRestatement,
+    ) -> Result<NodeView, ClientError> {
+        self.signed(
+            key,
+            node_id,
+            reqwest::Method::PUT,
+            "/v1/agent/node",
+            Some(restatement),
+            self.request_timeout(),
+        )
+        .await
+    }
+
+    /// Takes GPUs of the node back for its owner (`POST /v1/agent/reclaim`): from the node's
+    /// host, signed with its key, so no provider key is needed there.
+    pub async fn reclaim(
+        &self,
+        key: &NodeKey,
+        node_id: i64,
+        request: &api::ReclaimRequest,
+    ) -> Result<api::ReclaimView, ClientError> {
+        self.signed(
+            key,
+            node_id,
+            reqwest::Method::POST,
+            "/v1/agent/reclaim",
+            Some(request),
+            self.request_timeout(),
+        )
+        .await
+    }
+
+    /// Gives every reclaimed GPU of the node back to the market (`POST /v1/agent/resume`).
+    pub async fn resume(&self, key: &NodeKey, node_id: i64) -> Result<api::ReclaimView, ClientError> {
+        self.signed(
+            key,
+            node_id,
+            reqwest::Method::POST,
+            "/v1/agent/resume",
+            Some(&serde_json::json!({})),
+            self.request_timeout(),
+        )
+        .await
+    }
+
     /// Reports what a replica has done so far.
     pub async fn progress(
         &self,

@@ -123,6 +123,7 @@ fn agent_config_via(world: &World, name: &str, coordinator: &str) -> AgentConfig
     AgentConfig {
         coordinator: coordinator.to_string(),
         ca_certs: Vec::new(),
+        policy_given: false,
         provider_key: Some(world.provider_key.clone()),
         data_dir: world.dir.join(name),
         name: name.to_string(),
@@ -806,6 +807,64 @@ async fn e2e_limits_set_at_the_coordinator_reach_the_running_agent() {
         }
     }
     stop_agent(stop, task).await;
+    world.end().await;
+}
+
+/// A registered node's agent restates what its configuration says on every start: a new name,
+/// region and site reach the coordinator without registering again; asks set with `node policy
+/// set` stand unless this start gives asks; a bad value stops the start with the setting's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_a_restarted_agent_restates_its_node_and_gives_asks_only_when_told() {
+    let world = world().await;
+    let (node, stop, task) = start_agent(&world, "host", ProcessExecutor).await;
+    stop_agent(stop, task).await;
+    let path = format!("/v1/nodes/{node}");
+    let provider = async |method, path: &str, body| call(&world, &world.provider_key, method, path, body).await;
+    let (_, view) = provider(reqwest::Method::GET, &path, None).await;
+    let mut policy = view["policy"].clone();
+    policy["asks"]["silver"] = json!("2.40");
+    let (status, answer) = provider(reqwest::Method::PUT, &format!("{path}/policy"), Some(policy)).await;
+    assert_eq!(status, 200, "{answer}");
+
+    // Moved and renamed, its asks not given: the owner's $2.40 stands.
+    let mut moved = agent_config(&world, "host");
+    moved.name = "host-b".into();
+    moved.region = "eu-north".into();
+    moved.site = "arn1".into();
+    moved.fabric = "arn1-net".into();
+    let (again, stop, task) = start_agent_with(moved.clone(), ProcessExecutor).await;
+    assert_eq!(again, node, "the same node, not a new one");
+    stop_agent(stop, task).await;
+    let (_, view) = provider(reqwest::Method::GET, &path, None).await;
+    assert_eq!(
+        (&view["name"], &view["region"], &view["site"], &view["fabric"]),
+        (&json!("host-b"), &json!("eu-north"), &json!("arn1"), &json!("arn1-net")),
+        "{view}"
+    );
+    assert_eq!(view["policy"]["asks"]["silver"], "2.40", "{view}");
+
+    // Asks given for this start replace the owner's, limits with them.
+    let mut told = moved.clone();
+    told.policy.asks.insert("silver".into(), "1.80".into());
+    told.policy.power_limit_w = Some(650);
+    told.policy_given = true;
+    let (_, stop, task) = start_agent_with(told, ProcessExecutor).await;
+    stop_agent(stop, task).await;
+    let (_, view) = provider(reqwest::Method::GET, &path, None).await;
+    assert_eq!(view["policy"]["asks"]["silver"], "1.80", "{view}");
+    assert_eq!(view["policy"]["power_limit_w"], 650, "{view}");
+
+    // A bad value: the start fails, naming it, and the coordinator keeps what it had.
+    let mut bad = moved;
+    bad.region = "eu\nnorth".into();
+    let inventory = simulated_h100s();
+    let refused = match Agent::start(bad, inventory, ProcessExecutor).await {
+        Ok(_) => panic!("a region with a newline in it was taken"),
+        Err(error) => error.to_string(),
+    };
+    assert!(refused.contains("region"), "{refused}");
+    let (_, view) = provider(reqwest::Method::GET, &path, None).await;
+    assert_eq!(view["region"], "eu-north", "{view}");
     world.end().await;
 }
 

@@ -65,6 +65,7 @@ async fn output_across_an_agent_restart_is_all_there_with_a_marker() {
     let config = AgentConfig {
         coordinator: base.clone(),
         ca_certs: Vec::new(),
+        policy_given: false,
         provider_key: Some(provider),
         data_dir: dir.join("agent"),
         name: "rig".into(),

@@ -224,6 +224,7 @@ fn agent_config_for(world: &World, provider_key: &str, name: &str, coordinator: 
     AgentConfig {
         coordinator: coordinator.to_string(),
         ca_certs: Vec::new(),
+        policy_given: false,
         provider_key: Some(provider_key.to_string()),
         data_dir: world.dir.join(name),
         name: name.to_string(),

@@ -790,6 +790,21 @@ pub struct ReclaimRequest {
     pub force: bool,
 }
 
+/// What a registered node's agent says of it on start (`PUT /v1/agent/node`, signed): its
+/// registration as it would send it now. Its name, region, site, fabric, NVLink domain,
+/// coordinates, gang address and ports and runtimes replace the coordinator's; its GPUs, key and
+/// fingerprint do not (the fingerprint moves with heartbeats, judged by the trust policy).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeRestatement {
+    pub registration: NodeRegistration,
+    /// Whether the registration's asks and limits were set for this start (a flag, the
+    /// environment, a config file) and replace the coordinator's; otherwise the policy set with
+    /// `fallow node policy set` stands.
+    #[serde(default)]
+    pub policy_given: bool,
+}
+
 /// The longest reclaim with an end: a year (longer, or for good, is a reclaim without one).
 pub const RECLAIM_FOR_S_MAX: u64 = 366 * 24 * 3600;
 

@@ -1,5 +1,7 @@
 //! `fallow agent`: the provider agent. It makes the node's key on first start, registers the
-//! node with the provider's API key, and from then on signs every request.
+//! node with the provider's API key, and from then on signs every request. Its subcommands act
+//! for the node's owner from the node's host, signed with the same key: rotate it, and take the
+//! node's GPUs back from the market (`reclaim`, `pause`) or give them back (`resume`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -67,9 +69,11 @@ pub struct AgentArgs {
     /// Docker's 64m).
     #[arg(long, default_value = "8g")]
     shm_size: String,
-    /// Asks per GPU-hour in dollars, per tier sold: gold=3.00,silver=2.00,bronze=1.00.
-    #[arg(long, default_value = "gold=3.00,silver=2.00,bronze=1.00")]
-    asks: String,
+    /// Asks per GPU-hour in dollars, per tier sold (at first registration, when not given:
+    /// gold=3.00,silver=2.00,bronze=1.00). Given, with the limits below, on a later start they
+    /// replace the asks and limits set with `fallow node policy set`; not given, those stand.
+    #[arg(long)]
+    asks: Option<String>,
     /// Above this GPU temperature (°C) the node reports itself over its limit.
     #[arg(long)]
     thermal_limit_c: Option<u16>,
@@ -93,11 +97,40 @@ pub struct AgentArgs {
     executor: ExecutorKind,
 }
 
+/// The asks a node registers with when none are given.
+const DEFAULT_ASKS: &str = "gold=3.00,silver=2.00,bronze=1.00";
+
 #[derive(clap::Subcommand)]
 enum AgentCommand {
     /// Make a new key for this node and have the coordinator take it (signed by the current
     /// key, which then stops working). Stop the agent first; start it again after.
     RotateKey,
+    /// Take GPUs of this node back from the market, signed with the node's key (no provider key
+    /// needed): they take no new work, bronze work on them stops after its grace period, and
+    /// firm work (gold, silver) runs on to its end unless --force (docs/trust-policy.md § 8).
+    Reclaim {
+        #[command(flatten)]
+        reclaim: crate::cli::node::ReclaimFlags,
+        /// Print the coordinator's answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take every GPU of this node off the market, never forced: bronze work stops after its
+    /// grace period, firm work runs on to its end, and no new work comes.
+    Pause {
+        /// For how long, e.g. 90s, 30m, 2h, 1d or 1h30m (default: until `fallow agent resume`).
+        #[arg(long = "for", value_name = "DURATION", value_parser = crate::cli::node::parse_reclaim_for_s)]
+        for_s: Option<u64>,
+        /// Print the coordinator's answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Give every reclaimed GPU of this node back to the market.
+    Resume {
+        /// Print the coordinator's answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the node's NVLink domain as NVML reports it (and what --nvlink-domain would
     /// change), then exit.
     DetectTopology,
@@ -264,7 +297,7 @@ pub async fn start_dev_agent(
         "dev-node".to_string(),
         "local",
         api::PolicyDoc {
-            asks: asks("gold=3.00,silver=2.00,bronze=1.00")?,
+            asks: asks(DEFAULT_ASKS)?,
             ..api::PolicyDoc::default()
         },
     )?;
@@ -295,6 +328,7 @@ fn agent_config(
     Ok(agent::AgentConfig {
         coordinator,
         ca_certs: Vec::new(),
+        policy_given: false,
         provider_key,
         data_dir,
         name,
@@ -389,6 +423,61 @@ fn asks(text: &str) -> anyhow::Result<BTreeMap<String, String>> {
         .collect()
 }
 
+/// What the node's owner asks of the coordinator from the node's host.
+enum OwnerRequest {
+    Reclaim(api::ReclaimRequest),
+    Resume,
+}
+
+/// Sends `request` signed with the key of the node registered in `--data-dir`, and prints the
+/// coordinator's answer (as JSON with `json`).
+fn owner_request(
+    args: &AgentArgs,
+    ca_certs: &[reqwest::Certificate],
+    request: OwnerRequest,
+    json: bool,
+) -> anyhow::Result<()> {
+    let data_dir = &args.data_dir;
+    let node = agent::state::read_node(data_dir)
+        .context("reading the node's id")?
+        .with_context(|| {
+            format!(
+                "{} has no registered node: give the agent's data directory (--data-dir or \
+                 FALLOW_AGENT_DATA_DIR), or start the agent once to register the node",
+                data_dir.display()
+            )
+        })?;
+    let key = agent::state::load_key(data_dir).context("reading the node's key")?;
+    let client = agent::client::Client::trusting(&args.coordinator, ca_certs)?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let view = runtime.block_on(async {
+        match &request {
+            OwnerRequest::Reclaim(reclaim) => client.reclaim(&key, node.node_id, reclaim).await,
+            OwnerRequest::Resume => client.resume(&key, node.node_id).await,
+        }
+    });
+    let view = view.with_context(|| match request {
+        OwnerRequest::Reclaim(_) => format!("reclaiming node {}'s GPUs at {}", node.node_id, args.coordinator),
+        OwnerRequest::Resume => format!("resuming node {} at {}", node.node_id, args.coordinator),
+    })?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&view).context("encoding the coordinator's answer")?
+        );
+        return Ok(());
+    }
+    let hints = crate::cli::node::ReclaimHints {
+        resume: "fallow agent resume".to_string(),
+        force: "fallow agent reclaim --force".to_string(),
+    };
+    print!(
+        "{}",
+        crate::cli::node::reclaim_text(&view, &hints, crate::cli::output::now_us())
+    );
+    Ok(())
+}
+
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|name| name.trim().to_string())
@@ -424,6 +513,21 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         Some(path) => agent::client::read_ca_certs(path).map_err(|error| anyhow::anyhow!("--ca-cert {error}"))?,
         None => Vec::new(),
     };
+    match &args.command {
+        Some(AgentCommand::Reclaim { reclaim, json }) => {
+            return owner_request(&args, &ca_certs, OwnerRequest::Reclaim(reclaim.request()), *json);
+        }
+        Some(AgentCommand::Pause { for_s, json }) => {
+            let pause = api::ReclaimRequest {
+                gpus: None,
+                for_s: *for_s,
+                force: false,
+            };
+            return owner_request(&args, &ca_certs, OwnerRequest::Reclaim(pause), *json);
+        }
+        Some(AgentCommand::Resume { json }) => return owner_request(&args, &ca_certs, OwnerRequest::Resume, *json),
+        _ => {}
+    }
     if let Some(AgentCommand::RotateKey) = args.command {
         let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
         let public = runtime
@@ -448,7 +552,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         name,
         &args.site,
         api::PolicyDoc {
-            asks: asks(&args.asks)?,
+            asks: asks(args.asks.as_deref().unwrap_or(DEFAULT_ASKS))?,
             thermal_limit_c: args.thermal_limit_c,
             power_limit_w: args.power_limit_w,
             ..api::PolicyDoc::default()
@@ -456,6 +560,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     )?;
     let config = agent::AgentConfig {
         ca_certs,
+        policy_given: args.asks.is_some() || args.thermal_limit_c.is_some() || args.power_limit_w.is_some(),
         region: args.region,
         fabric: args.fabric.unwrap_or(config.fabric.clone()),
         topology,

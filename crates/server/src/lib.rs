@@ -114,6 +114,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/agent/leases/{id}/logs", post(routes::lease_log))
         .route("/v1/agent/key", post(routes::rotate_node_key))
         .route("/v1/agent/reclaim", post(routes::agent_reclaim))
+        .route("/v1/agent/node", put(routes::restate_node))
         .route("/v1/agent/resume", post(routes::agent_resume))
         .route("/v1/agent/leases/{id}/progress", post(routes::lease_progress))
         .route("/v1/agent/usage", post(routes::report_usage))

@@ -247,6 +247,38 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
+    /// Restates what a node's agent says of it on start (`node`'s name, place, NVLink domain,
+    /// coordinates, gang address and ports, runtimes, and its policy): the rest (key, GPUs,
+    /// fingerprint) stays. False when the node does not exist; a name another node of the
+    /// provider has is a conflict.
+    pub async fn restate_node(&self, id: i64, node: &NewNode, now: i64) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE nodes SET name = $1, region = $2, site = $3, fabric = $4, nvlink_domain = $5, \
+             nvlink_source = $6, nvlink_detected = $7, latitude = $8, longitude = $9, location_source = $10, \
+             advertise_addr = $11, gang_ports = $12, runtimes = $13, policy = $14, updated_at = $15 WHERE id = $16",
+        )
+        .bind(&node.name)
+        .bind(&node.region)
+        .bind(&node.site)
+        .bind(&node.fabric)
+        .bind(&node.nvlink_domain)
+        .bind(&node.nvlink_source)
+        .bind(&node.nvlink_detected)
+        .bind(node.latitude)
+        .bind(node.longitude)
+        .bind(&node.location_source)
+        .bind(&node.advertise_addr)
+        .bind(&node.gang_ports)
+        .bind(&node.runtimes)
+        .bind(&node.policy)
+        .bind(now)
+        .bind(id)
+        .execute(&self.pool)
+        .await
+        .map_err(|error| node_conflict(error, node))?;
+        Ok(done.rows_affected() == 1)
+    }
+
     /// Records a new hardware fingerprint; returns whether it changed.
     pub async fn set_node_fingerprint(&self, id: i64, fingerprint: &str, now: i64) -> Result<bool> {
         let done = sqlx::query(

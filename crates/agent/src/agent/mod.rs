@@ -44,6 +44,10 @@ pub const REGISTER_ATTEMPTS_MAX: u32 = 8;
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
     pub coordinator: String,
+    /// Whether the policy's asks and limits were set for this start (a flag, the environment,
+    /// a config file): a registered node's agent then restates them, replacing what the owner
+    /// set at the coordinator; otherwise the coordinator's stand.
+    pub policy_given: bool,
     /// Certificates trusted besides the system's roots when dialling the coordinator and its
     /// gateways over https (a private CA's, `--ca-cert`).
     pub ca_certs: Vec<reqwest::Certificate>,
@@ -227,35 +231,38 @@ impl<E: Executor> Agent<E> {
             );
         }
         let client = Client::trusting(&config.coordinator, &config.ca_certs)?;
+        let gpu_count = u8::try_from(inventory.gpus.len())
+            .map_err(|_| AgentError::Config("more than 255 GPUs on one node".into()))?;
+        let registration = NodeRegistration {
+            name: config.name.clone(),
+            public_key: key.public_hex(),
+            fingerprint: inventory.fingerprint(),
+            gpu_model: inventory.model.clone(),
+            gpu_count,
+            cpu_milli: config.cpu_milli,
+            memory_mib: config.memory_mib,
+            network_mbit_s: 10_000,
+            region: config.region.clone(),
+            site: config.site.clone(),
+            fabric: config.fabric.clone(),
+            nvlink_domain: config.topology.nvlink_domain.clone(),
+            nvlink_source: config.topology.nvlink_source.clone(),
+            nvlink_detected: config.topology.nvlink_detected.clone(),
+            latitude: config.topology.latitude,
+            longitude: config.topology.longitude,
+            advertise_addr: config.topology.advertise_addr.clone(),
+            gang_ports: format!("{}-{}", config.topology.gang_ports.0, config.topology.gang_ports.1),
+            simulated: inventory.simulated,
+            policy: config.policy.clone(),
+            runtimes: executor.runtimes(),
+        };
         let node_id = match state::read_node(&config.data_dir)? {
-            Some(node) => node.node_id,
+            Some(node) => {
+                restate(&client, &key, node.node_id, registration, config.policy_given).await?;
+                node.node_id
+            }
             None => {
                 let provider_key = config.provider_key.as_deref().ok_or(AgentError::NoProviderKey)?;
-                let gpu_count = u8::try_from(inventory.gpus.len())
-                    .map_err(|_| AgentError::Config("more than 255 GPUs on one node".into()))?;
-                let registration = NodeRegistration {
-                    name: config.name.clone(),
-                    public_key: key.public_hex(),
-                    fingerprint: inventory.fingerprint(),
-                    gpu_model: inventory.model.clone(),
-                    gpu_count,
-                    cpu_milli: config.cpu_milli,
-                    memory_mib: config.memory_mib,
-                    network_mbit_s: 10_000,
-                    region: config.region.clone(),
-                    site: config.site.clone(),
-                    fabric: config.fabric.clone(),
-                    nvlink_domain: config.topology.nvlink_domain.clone(),
-                    nvlink_source: config.topology.nvlink_source.clone(),
-                    nvlink_detected: config.topology.nvlink_detected.clone(),
-                    latitude: config.topology.latitude,
-                    longitude: config.topology.longitude,
-                    advertise_addr: config.topology.advertise_addr.clone(),
-                    gang_ports: format!("{}-{}", config.topology.gang_ports.0, config.topology.gang_ports.1),
-                    simulated: inventory.simulated,
-                    policy: config.policy.clone(),
-                    runtimes: executor.runtimes(),
-                };
                 let node = register(&client, provider_key, &registration).await?;
                 state::write_node(
                     &config.data_dir,
@@ -539,6 +546,36 @@ impl<E: Executor> Agent<E> {
             }
         }
         self.save_runs();
+    }
+}
+
+/// Restates what this start says of the registered node (`api::NodeRestatement`): a change of
+/// name, place, domain, ports or runtimes, and of asks and limits when `policy_given`, reaches the
+/// coordinator without registering again. A refusal (a bad value, named) stops the start; an
+/// unreachable coordinator does not (the node runs on as the coordinator knows it).
+async fn restate(
+    client: &Client,
+    key: &NodeKey,
+    node_id: i64,
+    registration: NodeRegistration,
+    policy_given: bool,
+) -> Result<(), AgentError> {
+    let restatement = api::NodeRestatement {
+        registration,
+        policy_given,
+    };
+    match client.restate(key, node_id, &restatement).await {
+        Ok(_) => Ok(()),
+        Err(error) if error.is_transient() => {
+            tracing::warn!(%error, "could not restate the node's facts; the coordinator keeps what it has");
+            Ok(())
+        }
+        Err(ClientError::Refused { status: 404, .. }) => {
+            // An old coordinator without the route, or a node it forgot.
+            tracing::warn!("the coordinator does not take restated facts; it keeps what it has");
+            Ok(())
+        }
+        Err(error) => Err(error.into()),
     }
 }
 

@@ -1,11 +1,12 @@
 //! `fallow node`: a provider's nodes, their policy (asks per tier, peak and off-peak prices,
 //! allowed tiers and classes, thermal and power limits), their calendar of availability
 //! windows, and their canaries (known-answer benchmarks, ordered at random or on demand with
-//! `verify`). Policy changes read the node's policy, change what the flags say, and write it back
-//! whole (`PUT /v1/nodes/{id}/policy`).
+//! `verify`), and its owner's reclaims (GPUs taken back from the market for a while, and given
+//! back with `resume`). Policy changes read the node's policy, change what the flags say, and
+//! write it back whole (`PUT /v1/nodes/{id}/policy`).
 
 use anyhow::{Context, bail};
-use api::{CanaryView, NodeView, PolicyDoc, PriceRuleDoc, WindowDoc};
+use api::{CanaryView, NodeView, PolicyDoc, PriceRuleDoc, ReclaimRequest, ReclaimView, ReclaimedLease, WindowDoc};
 use clap::{ArgGroup, Args, Subcommand};
 use reqwest::Method;
 use serde_json::Value;
@@ -50,6 +51,48 @@ enum NodeCommand {
         /// The node's id.
         id: i64,
     },
+    /// Take GPUs of a node back from the market: they take no new work, bronze work on them
+    /// stops after its grace period, and firm work (gold, silver) runs on to its end unless
+    /// --force (docs/trust-policy.md § 8). Idle GPUs are taken first, then bronze, then firm.
+    Reclaim(ReclaimArgs),
+    /// Give every reclaimed GPU of a node back to the market.
+    Resume {
+        /// The node's id.
+        id: i64,
+    },
+}
+
+#[derive(Args)]
+struct ReclaimArgs {
+    /// The node's id.
+    id: i64,
+    #[command(flatten)]
+    reclaim: ReclaimFlags,
+}
+
+/// What to reclaim and for how long; shared with `fallow agent reclaim`.
+#[derive(Args, Clone, Debug)]
+pub(crate) struct ReclaimFlags {
+    /// How many GPUs (default: all of them).
+    #[arg(long, value_name = "N", value_parser = parse_reclaim_gpus)]
+    pub gpus: Option<u32>,
+    /// For how long, e.g. 90s, 30m, 2h, 1d or 1h30m (default: until resumed).
+    #[arg(long = "for", value_name = "DURATION", value_parser = parse_reclaim_for_s)]
+    pub for_s: Option<u64>,
+    /// Stop firm work (gold, silver) on the GPUs too; each such lease's tenant is paid one hour
+    /// of it at its price from your earnings.
+    #[arg(long)]
+    pub force: bool,
+}
+
+impl ReclaimFlags {
+    pub(crate) fn request(&self) -> ReclaimRequest {
+        ReclaimRequest {
+            gpus: self.gpus,
+            for_s: self.for_s,
+            force: self.force,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -141,6 +184,8 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         NodeCommand::Calendar(CalendarCommand::Remove { id, number }) => calendar_remove(&client, id, number),
         NodeCommand::Canaries { id } => canaries(&client, id),
         NodeCommand::Verify { id } => verify(&client, id),
+        NodeCommand::Reclaim(args) => reclaim(&client, &args),
+        NodeCommand::Resume { id } => resume(&client, id),
     }
 }
 
@@ -242,10 +287,23 @@ fn show(client: &Client, id: i64) -> anyhow::Result<()> {
             format!("{} ports {}", or_dash(&node.advertise_addr), or_dash(&node.gang_ports)),
         ),
         ("online", online_text(&node)),
+    ];
+    if !node.reclaimed_gpus.is_empty() {
+        pairs.push((
+            "reclaimed",
+            format!(
+                "{} {}; `fallow node resume {}` gives them back",
+                gpus_text(&node.reclaimed_gpus),
+                until_text(node.reclaimed_until_us, output::now_us()),
+                node.id
+            ),
+        ));
+    }
+    pairs.extend([
         ("last heartbeat", utc_or_dash(node.last_heartbeat_at_us)),
         ("live leases", node.live_leases.to_string()),
         ("reliability", format!("{:.3}", node.reliability)),
-    ];
+    ]);
     if let Some(reputation) = &node.reputation {
         let inputs: Vec<String> = reputation
             .inputs
@@ -541,6 +599,134 @@ fn verify(client: &Client, id: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn reclaim(client: &Client, args: &ReclaimArgs) -> anyhow::Result<()> {
+    let body = serde_json::to_value(args.reclaim.request()).context("encoding the reclaim")?;
+    let answer = client.post(&format!("/v1/nodes/{}/reclaim", args.id), &body)?;
+    if client.json {
+        output::print_json(&answer);
+        return Ok(());
+    }
+    let view: ReclaimView = parse(&answer, "reclaim")?;
+    print!(
+        "{}",
+        reclaim_text(&view, &ReclaimHints::node(args.id), output::now_us())
+    );
+    Ok(())
+}
+
+fn resume(client: &Client, id: i64) -> anyhow::Result<()> {
+    let answer = client.send(Method::DELETE, &format!("/v1/nodes/{id}/reclaim"), &[], None)?;
+    if client.json {
+        output::print_json(&answer);
+        return Ok(());
+    }
+    let view: ReclaimView = parse(&answer, "reclaim")?;
+    print!("{}", reclaim_text(&view, &ReclaimHints::node(id), output::now_us()));
+    Ok(())
+}
+
+/// The commands a reclaim's output suggests: `fallow node …` with the provider's key, or
+/// `fallow agent …` on the node's host.
+pub(crate) struct ReclaimHints {
+    pub resume: String,
+    pub force: String,
+}
+
+impl ReclaimHints {
+    fn node(id: i64) -> ReclaimHints {
+        ReclaimHints {
+            resume: format!("fallow node resume {id}"),
+            force: format!("fallow node reclaim {id} --force"),
+        }
+    }
+}
+
+/// A reclaim in words: the GPUs taken and until when, then the work that stops and the firm
+/// work that runs on. `now_us` is for the time left.
+pub(crate) fn reclaim_text(view: &ReclaimView, hints: &ReclaimHints, now_us: i64) -> String {
+    let node = view.node_id;
+    if view.gpus.is_empty() {
+        return format!("node {node} resumed: every GPU is on sale again\n");
+    }
+    let mut text = format!(
+        "node {node}: {} reclaimed {}\n",
+        gpus_text(&view.gpus),
+        match view.until_us {
+            Some(_) => until_text(view.until_us, now_us),
+            None => format!("until `{}`", hints.resume),
+        }
+    );
+    if view.stopping.is_empty() && view.running_on.is_empty() {
+        text.push_str("no work was running on them: they sell nothing from now on\n");
+        return text;
+    }
+    for lease in &view.stopping {
+        let killed = match lease.stop_at_us {
+            Some(at) => format!("killed at {}{}", utc(at), in_text(at, now_us)),
+            None => "stopping".to_string(),
+        };
+        let credit = if lease.credit_micros > 0 {
+            format!("its tenant is paid {} from your earnings", dollars(lease.credit_micros))
+        } else if lease.tier == "bronze" {
+            "no credit (bronze work)".to_string()
+        } else {
+            // The coordinator pays a firm lease's credit once, when it first stops it.
+            "stopping already: nothing more paid".to_string()
+        };
+        text.push_str(&format!("stops:    {}; {killed}; {credit}\n", lease_text(lease)));
+    }
+    for lease in &view.running_on {
+        text.push_str(&format!(
+            "runs on:  {}; expected to end at {}{}\n",
+            lease_text(lease),
+            utc(lease.expected_end_us),
+            in_text(lease.expected_end_us, now_us)
+        ));
+    }
+    if !view.running_on.is_empty() {
+        text.push_str(&format!(
+            "  → firm work keeps its GPUs until it ends; `{}` stops it now and pays each tenant one \
+             hour of its lease at its price from your earnings (docs/trust-policy.md § 8)\n",
+            hints.force
+        ));
+    }
+    text
+}
+
+/// `silver job 7 (lease 12, GPUs 0,1)`.
+fn lease_text(lease: &ReclaimedLease) -> String {
+    format!(
+        "{} job {} (lease {}, {})",
+        lease.tier,
+        lease.job_id,
+        lease.lease_id,
+        gpus_text(&lease.gpus)
+    )
+}
+
+/// `GPU 1`, `GPUs 0,1`.
+fn gpus_text(gpus: &[u8]) -> String {
+    let list: Vec<String> = gpus.iter().map(u8::to_string).collect();
+    format!("GPU{} {}", if gpus.len() == 1 { "" } else { "s" }, list.join(","))
+}
+
+/// `until 2026-12-24 18:00:00Z (in 2h00m)`, or `until resumed`.
+fn until_text(until_us: Option<i64>, now_us: i64) -> String {
+    match until_us {
+        Some(at) => format!("until {}{}", utc(at), in_text(at, now_us)),
+        None => "until resumed".to_string(),
+    }
+}
+
+/// ` (in 2h00m)` for a time ahead of `now_us`; nothing for one past.
+fn in_text(at_us: i64, now_us: i64) -> String {
+    if at_us <= now_us {
+        return String::new();
+    }
+    let left = std::time::Duration::from_micros((at_us - now_us) as u64);
+    format!(" (in {})", output::duration(left))
+}
+
 /// Kind, days, from and until of a window, for a table row.
 fn window_text(window: &WindowDoc) -> [String; 4] {
     match (window.start_minute, window.end_minute, window.start_us, window.end_us) {
@@ -748,6 +934,76 @@ fn parse_off_peak(text: &str) -> Result<PriceRuleDoc, String> {
     Ok(rule)
 }
 
+/// A duration like `90s`, `30m`, `2h`, `1d` or `1h30m` (units from the largest down, each at
+/// most once), in seconds.
+pub(crate) fn parse_duration_s(text: &str) -> Result<u64, String> {
+    let shown = text.trim();
+    let bad =
+        |why: String| format!("{shown:?} {why}: give a number and a unit (s, m, h, d), e.g. 90s, 30m, 2h, 1d or 1h30m");
+    if shown.is_empty() {
+        return Err(bad("is empty".to_string()));
+    }
+    let mut total: u64 = 0;
+    let mut number: Option<u64> = None;
+    let mut previous_unit_s = u64::MAX;
+    for character in shown.chars() {
+        if let Some(digit) = character.to_digit(10) {
+            let grown = number
+                .unwrap_or(0)
+                .checked_mul(10)
+                .and_then(|grown| grown.checked_add(u64::from(digit)))
+                .ok_or_else(|| bad("is too long".to_string()))?;
+            number = Some(grown);
+            continue;
+        }
+        let unit_s = match character.to_ascii_lowercase() {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86_400,
+            other => return Err(bad(format!("has {other:?}, which is not a unit"))),
+        };
+        let Some(count) = number.take() else {
+            return Err(bad(format!("has the unit {character:?} without a number before it")));
+        };
+        if unit_s >= previous_unit_s {
+            return Err(bad(
+                "gives its units out of order (largest first, each once)".to_string()
+            ));
+        }
+        previous_unit_s = unit_s;
+        total = count
+            .checked_mul(unit_s)
+            .and_then(|seconds| total.checked_add(seconds))
+            .ok_or_else(|| bad("is too long".to_string()))?;
+    }
+    if number.is_some() {
+        return Err(bad("ends in a number without a unit".to_string()));
+    }
+    Ok(total)
+}
+
+/// `--gpus`: at least one (the coordinator checks the node has that many).
+fn parse_reclaim_gpus(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(0) => Err("0 GPUs is nothing to reclaim: give 1 or more, or leave --gpus out for all".to_string()),
+        Ok(gpus) => Ok(gpus),
+        Err(_) => Err(format!("{text:?} is not a whole number of GPUs")),
+    }
+}
+
+/// `--for`: a duration from 1 second to a year (`api::RECLAIM_FOR_S_MAX`).
+pub(crate) fn parse_reclaim_for_s(text: &str) -> Result<u64, String> {
+    match parse_duration_s(text)? {
+        0 => Err(format!("{:?} is no time: give at least 1s", text.trim())),
+        seconds if seconds > api::RECLAIM_FOR_S_MAX => Err(format!(
+            "{:?} is over a year (366d): leave --for out to reclaim until resumed",
+            text.trim()
+        )),
+        seconds => Ok(seconds),
+    }
+}
+
 /// Names given as a list; empty means no restriction.
 #[derive(Clone, Debug)]
 struct Names(Vec<String>);
@@ -878,6 +1134,99 @@ mod tests {
             let error = result.unwrap_err();
             assert!(error.contains(says), "{error}");
         }
+    }
+
+    #[test]
+    fn durations_parse_in_seconds() {
+        for (text, seconds) in [
+            ("90s", 90),
+            ("30m", 1800),
+            ("2h", 7200),
+            ("1d", 86_400),
+            ("1h30m", 5400),
+            ("1d2h3m4s", 93_784),
+            (" 2H ", 7200),
+        ] {
+            assert_eq!(parse_duration_s(text), Ok(seconds), "{text}");
+        }
+        assert_eq!(parse_reclaim_for_s("366d"), Ok(api::RECLAIM_FOR_S_MAX));
+    }
+
+    #[test]
+    fn bad_durations_say_what_is_wrong_and_the_forms() {
+        for (text, says) in [
+            ("5x", "not a unit"),
+            ("90", "without a unit"),
+            ("", "is empty"),
+            ("h", "without a number"),
+            ("30m1h", "out of order"),
+            ("1h1h", "out of order"),
+            ("1.5h", "not a unit"),
+            ("99999999999999999999s", "too long"),
+            ("9999999999999999d", "too long"),
+        ] {
+            let error = parse_duration_s(text).unwrap_err();
+            assert!(error.contains(says) && error.contains("1h30m"), "{text}: {error}");
+        }
+        assert!(parse_reclaim_for_s("0s").unwrap_err().contains("at least 1s"));
+        assert!(parse_reclaim_for_s("367d").unwrap_err().contains("over a year"));
+    }
+
+    #[test]
+    fn reclaims_read_as_gpus_time_and_the_work_on_them() {
+        let hour_us = 3_600_000_000;
+        let now = 1_764_424_987_000_000;
+        let lease = |lease_id, tier: &str, gpus: Vec<u8>, stop_at_us, credit_micros| ReclaimedLease {
+            lease_id,
+            job_id: lease_id + 100,
+            tier: tier.to_string(),
+            gpus,
+            stop_at_us,
+            expected_end_us: now + 3 * hour_us,
+            credit_micros,
+        };
+        let view = ReclaimView {
+            node_id: 4,
+            gpus: vec![0, 1, 2],
+            until_us: Some(now + 2 * hour_us),
+            stopping: vec![
+                lease(1, "bronze", vec![0], Some(now + 30_000_000), 0),
+                lease(2, "gold", vec![1], Some(now + 30_000_000), 6_000_000),
+            ],
+            running_on: vec![lease(3, "silver", vec![2], None, 0)],
+        };
+        let text = reclaim_text(&view, &ReclaimHints::node(4), now);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "node 4: GPUs 0,1,2 reclaimed until 2025-11-29 16:03:07Z (in 2h00m)"
+        );
+        assert_eq!(
+            lines[1],
+            "stops:    bronze job 101 (lease 1, GPU 0); killed at 2025-11-29 14:03:37Z (in 30s); no credit (bronze work)"
+        );
+        assert!(lines[2].contains("gold job 102") && lines[2].ends_with("its tenant is paid $6.00 from your earnings"));
+        assert!(
+            lines[3].starts_with("runs on:  silver job 103 (lease 3, GPU 2); expected to end at 2025-11-29 17:03:07Z")
+        );
+        assert!(lines[4].contains("`fallow node reclaim 4 --force` stops it"), "{text}");
+
+        let forever = ReclaimView {
+            node_id: 4,
+            gpus: vec![1],
+            ..ReclaimView::default()
+        };
+        let text = reclaim_text(&forever, &ReclaimHints::node(4), now);
+        assert!(
+            text.starts_with("node 4: GPU 1 reclaimed until `fallow node resume 4`\n"),
+            "{text}"
+        );
+        assert!(text.contains("no work was running"), "{text}");
+        let resumed = ReclaimView {
+            node_id: 4,
+            ..ReclaimView::default()
+        };
+        assert!(reclaim_text(&resumed, &ReclaimHints::node(4), now).contains("resumed"));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use store::{LeaseMove, LeaseState};
 use crate::beats::{self, OverLimitChange};
 use crate::config::LONG_POLL_MS_MAX;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{Path, Query, Signed};
+use crate::extract::{Path, PeerAddr, Query, Signed};
 use crate::lease_hints::Hint;
 use crate::lifecycle::replica_ended;
 use crate::metrics::Metrics;
@@ -375,6 +375,56 @@ pub async fn rotate_node_key(State(state): AppStateRef, signed: Signed<KeyRotati
         .await?
         .ok_or_else(|| ApiError::NotFound("node".into()))?;
     Ok(Json(crate::wire::node_view(&record, 0.0, 0, 0)))
+}
+
+/// A registered node's agent restates what it says of the node on start (`NodeRestatement`):
+/// checked as a registration is, with the setting's name in any refusal.
+pub async fn restate_node(
+    State(state): AppStateRef,
+    PeerAddr(peer): PeerAddr,
+    signed: Signed<NodeRestatement>,
+) -> ApiResult<Json<NodeView>> {
+    let record = state
+        .store
+        .node(signed.node_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("node".into()))?;
+    let mut registration = signed.body.registration.clone();
+    // What the coordinator keeps: the key that signed this, the GPUs, the fingerprint.
+    registration.public_key = record.node.public_key.clone();
+    registration.fingerprint = record.node.fingerprint.clone();
+    registration.gpu_model = record.node.gpu_model.clone();
+    registration.gpu_count = record.node.gpu_count.clamp(1, 16) as u8;
+    registration.simulated = record.node.simulated;
+    let mut policy: PolicyDoc = serde_json::from_str(&record.node.policy).unwrap_or_default();
+    if signed.body.policy_given {
+        policy.asks = registration.policy.asks.clone();
+        policy.thermal_limit_c = registration.policy.thermal_limit_c;
+        policy.power_limit_w = registration.policy.power_limit_w;
+    }
+    registration.policy = policy;
+    let node = super::nodes::new_node(
+        &state,
+        record.node.provider_id,
+        peer,
+        &registration,
+        &[],
+        Some(record.id),
+    )
+    .await?;
+    let now = state.now_us();
+    state.store.restate_node(record.id, &node, now).await?;
+    state.forget_node(record.id);
+    state.wake.notify_one();
+    let restated = state
+        .store
+        .node(record.id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("node".into()))?;
+    if restated.node != record.node {
+        tracing::info!(node = record.id, name = %restated.node.name, "the node's agent restated its facts");
+    }
+    Ok(Json(crate::wire::node_view(&restated, 0.0, 0, 0)))
 }
 
 /// The owner takes GPUs of this node back from its host (`fallow agent reclaim`, `pause`),

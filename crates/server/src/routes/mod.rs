@@ -20,7 +20,8 @@ pub(crate) use admin::{
     create_account, create_key, credit, evidence, list_accounts, list_keys, revoke_key, rotate_key,
 };
 pub(crate) use agent::{
-    agent_reclaim, agent_resume, heartbeat, lease_event, lease_log, lease_progress, poll_leases, rotate_node_key,
+    agent_reclaim, agent_resume, heartbeat, lease_event, lease_log, lease_progress, poll_leases, restate_node,
+    rotate_node_key,
 };
 pub(crate) use billing::{balance, invoice, own_balance, statement};
 pub(crate) use gateway::{agent_tunnel, gateway_node, list_gateways, report_gateway, serve, service_route};

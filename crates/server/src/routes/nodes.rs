@@ -22,7 +22,7 @@ pub async fn register_node(
     JsonBody(registration): JsonBody<NodeRegistration>,
 ) -> ApiResult<(StatusCode, Json<NodeView>)> {
     require(&caller, &[Role::Provider])?;
-    let node = new_node(&state, caller.account_id, peer, &registration, &[]).await?;
+    let node = new_node(&state, caller.account_id, peer, &registration, &[], None).await?;
     let record = state.store.insert_node(&node, state.now_us()).await?;
     state.wake.notify_one();
     Ok((StatusCode::CREATED, Json(registered_view(&record))))
@@ -47,7 +47,7 @@ pub async fn register_nodes(
     }
     let mut nodes: Vec<NewNode> = Vec::with_capacity(batch.nodes.len());
     for (index, registration) in batch.nodes.iter().enumerate() {
-        let node = new_node(&state, caller.account_id, peer, registration, &nodes)
+        let node = new_node(&state, caller.account_id, peer, registration, &nodes, None)
             .await
             .map_err(|error| in_batch(index, error))?;
         if let Some(twin) = nodes
@@ -89,13 +89,14 @@ fn registered_view(record: &store::NodeRecord) -> NodeView {
 }
 
 /// Checks one registration and makes the node to store; `batch` holds the nodes registered in
-/// the same request before it.
-async fn new_node(
+/// the same request before it; `restating` is the node's id when it is registered already.
+pub(super) async fn new_node(
     state: &AppState,
     provider_id: i64,
     peer: Option<std::net::IpAddr>,
     registration: &NodeRegistration,
     batch: &[NewNode],
+    restating: Option<i64>,
 ) -> ApiResult<NewNode> {
     check_name("advertise_addr", &registration.advertise_addr, false)?;
     check_name("nvlink_detected", &registration.nvlink_detected, false)?;
@@ -138,7 +139,7 @@ async fn new_node(
         ));
     }
     registration.policy.to_model()?;
-    check_nvlink_domain(state, registration, batch).await?;
+    check_nvlink_domain(state, registration, batch, restating).await?;
     // Coordinates the node declares beat its site's; a node that declares none takes the
     // site's from the sites table (now, or when an admin sets them).
     let (latitude, longitude, location_source) = if registration.latitude != 0.0 || registration.longitude != 0.0 {
@@ -209,8 +210,14 @@ fn parse_port_range(text: &str) -> Option<(u16, u16)> {
 /// Refuses a node whose declared NVLink domain disagrees with what NVML reported: a domain
 /// whose members NVML puts in different fabrics (or a node NVML says is NVLinked only inside
 /// itself, joining a domain with other nodes), or an NVML fabric split across declared domains.
-/// The others are the registered nodes and `batch`, those registered in the same request.
-async fn check_nvlink_domain(state: &AppState, registration: &NodeRegistration, batch: &[NewNode]) -> ApiResult<()> {
+/// The others are the registered nodes (but `restating`, the node itself) and `batch`, those
+/// registered in the same request.
+async fn check_nvlink_domain(
+    state: &AppState,
+    registration: &NodeRegistration,
+    batch: &[NewNode],
+    restating: Option<i64>,
+) -> ApiResult<()> {
     let detected = registration.nvlink_detected.as_str();
     if detected.is_empty() {
         return Ok(());
@@ -220,7 +227,8 @@ async fn check_nvlink_domain(state: &AppState, registration: &NodeRegistration, 
         .store
         .nodes_sharing_nvlink(&registration.site, &registration.fabric, domain, detected)
         .await?;
-    for other in stored.iter().map(|record| &record.node).chain(batch) {
+    let others = stored.iter().filter(|record| Some(record.id) != restating);
+    for other in others.map(|record| &record.node).chain(batch) {
         let theirs = other.nvlink_detected.as_str();
         let same_domain = !domain.is_empty()
             && other.site == registration.site
