@@ -34,66 +34,66 @@ pub struct AgentArgs {
     data_dir: PathBuf,
     /// Offer simulated GPUs instead of real ones, e.g. H100-SXM5:8; the node is marked simulated
     /// everywhere and never billed as real.
-    #[arg(long)]
+    #[arg(long, env = "FALLOW_AGENT_SIMULATE_GPUS")]
     simulate_gpus: Option<String>,
     /// The node's name (default: the host's name).
-    #[arg(long)]
+    #[arg(long, env = "FALLOW_AGENT_NAME")]
     name: Option<String>,
-    #[arg(long, default_value = "local")]
+    #[arg(long, default_value = "local", env = "FALLOW_AGENT_REGION")]
     region: String,
     /// The site the node is in (a building or a cloud zone); its coordinates come from
     /// --latitude/--longitude, else from the coordinator's sites table.
-    #[arg(long, default_value = "local")]
+    #[arg(long, default_value = "local", env = "FALLOW_AGENT_SITE")]
     site: String,
     /// The node's InfiniBand/RoCE island inside its site (default: SITE-net).
-    #[arg(long)]
+    #[arg(long, env = "FALLOW_AGENT_FABRIC")]
     fabric: Option<String>,
     /// The NVLink domain the node's GPUs share with other nodes' (e.g. a GB200 NVL72 rack's
     /// name). Default: what NVML reports (the NVL72 fabric's cluster and clique), else the node
     /// alone. A domain that disagrees with NVML is refused at registration.
-    #[arg(long)]
+    #[arg(long, env = "FALLOW_AGENT_NVLINK_DOMAIN")]
     nvlink_domain: Option<String>,
     /// The site's latitude and longitude in degrees (for latency-aware placement).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, env = "FALLOW_AGENT_LATITUDE")]
     latitude: Option<f64>,
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, env = "FALLOW_AGENT_LONGITUDE")]
     longitude: Option<f64>,
     /// The address a gang's other replicas reach this node's replicas at (default: the
     /// address the coordinator sees the agent at).
-    #[arg(long)]
+    #[arg(long, env = "FALLOW_AGENT_ADVERTISE_ADDR")]
     advertise_addr: Option<String>,
     /// The ports the agent hands to gang replicas (MASTER_PORT among them), FIRST-LAST.
-    #[arg(long, default_value = "29500-29999")]
+    #[arg(long, default_value = "29500-29999", env = "FALLOW_AGENT_GANG_PORTS")]
     gang_ports: String,
     /// Shared memory (/dev/shm) for each container, e.g. 8g or 512m (NCCL needs far more than
     /// Docker's 64m).
-    #[arg(long, default_value = "8g")]
+    #[arg(long, default_value = "8g", env = "FALLOW_AGENT_SHM_SIZE")]
     shm_size: String,
     /// Asks per GPU-hour in dollars, per tier sold (at first registration, when not given:
     /// gold=3.00,silver=2.00,bronze=1.00). Given, with the limits below, on a later start they
     /// replace the asks and limits set with `fallow node policy set`; not given, those stand.
-    #[arg(long)]
+    #[arg(long, env = "FALLOW_AGENT_ASKS")]
     asks: Option<String>,
     /// Above this GPU temperature (°C) the node reports itself over its limit.
-    #[arg(long)]
+    #[arg(long, env = "FALLOW_AGENT_THERMAL_LIMIT_C")]
     thermal_limit_c: Option<u16>,
     /// Above this GPU power draw (W) the node reports itself over its limit.
-    #[arg(long)]
+    #[arg(long, env = "FALLOW_AGENT_POWER_LIMIT_W")]
     power_limit_w: Option<u32>,
     /// Seconds between signed usage records of a running replica.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, env = "FALLOW_AGENT_USAGE_EVERY_S")]
     usage_every_s: u64,
     /// Seconds between SIGTERM and SIGKILL when a replica must stop.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, env = "FALLOW_AGENT_GRACE_S")]
     grace_s: u64,
     /// Let jobs name datasets by file:// URL (tests, air-gapped sites): a job could then read
     /// any file of this host whose digest it knows.
-    #[arg(long)]
+    #[arg(long, env = "FALLOW_AGENT_ALLOW_FILE_DATASETS")]
     allow_file_datasets: bool,
     /// How replicas run: in Docker containers (the Docker Engine on this host), as processes
     /// (bare metal: `image` is the program), or both (jobs that ask for the process runtime as
     /// processes, the others in containers).
-    #[arg(long, value_enum, default_value_t = ExecutorKind::Docker)]
+    #[arg(long, value_enum, default_value_t = ExecutorKind::Docker, env = "FALLOW_AGENT_EXECUTOR")]
     executor: ExecutorKind,
 }
 

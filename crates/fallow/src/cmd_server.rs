@@ -18,33 +18,33 @@ pub struct ServerArgs {
     #[arg(long, default_value = "fallow-data", env = "FALLOW_DATA_DIR")]
     data_dir: PathBuf,
     /// A node silent this long loses its leases.
-    #[arg(long, default_value_t = 45_000)]
+    #[arg(long, default_value_t = 45_000, env = "FALLOW_HEARTBEAT_TIMEOUT_MS")]
     heartbeat_timeout_ms: u64,
     /// How often agents should heartbeat.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, env = "FALLOW_HEARTBEAT_INTERVAL_MS")]
     heartbeat_interval_ms: u64,
     /// Bill usage on simulated nodes as if it were real, with play money (demos, metering
     /// tests). By default a simulated node's usage is recorded and never billed.
-    #[arg(long)]
+    #[arg(long, env = "FALLOW_BILL_SIMULATED")]
     bill_simulated: bool,
     /// A node over its owner's thermal or power limits takes no new work; after this long over
     /// them its bronze work is preempted.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, default_value_t = 60_000, env = "FALLOW_OVER_LIMIT_PREEMPT_AFTER_MS")]
     over_limit_preempt_after_ms: u64,
     /// Let gold work go to any node, not only to gold-badge providers' (docs/trust-policy.md
     /// § 2): for trials and tests, where no provider has a badge's month of history yet.
-    #[arg(long)]
+    #[arg(long, env = "FALLOW_GOLD_WITHOUT_BADGE")]
     gold_without_badge: bool,
     /// How long a canary runs on the claimed GPU model (docs/trust-policy.md § 3).
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, env = "FALLOW_CANARY_SECONDS")]
     canary_seconds: u64,
     /// A canary comes within this long of a node's registration, a hardware change or an
     /// unanswered canary (the policy's hour; shorter for trials and tests).
-    #[arg(long, default_value_t = 3_600_000)]
+    #[arg(long, default_value_t = 3_600_000, env = "FALLOW_CANARY_WITHIN_MS")]
     canary_within_ms: u64,
     /// A gang not assembled this long after its placement or repair (every replica picked up,
     /// its image present and its datasets staged) is placed again without the nodes that lag.
-    #[arg(long, default_value_t = 600_000)]
+    #[arg(long, default_value_t = 600_000, env = "FALLOW_GANG_START_TIMEOUT_MS")]
     gang_start_timeout_ms: u64,
     /// Serve the API over TLS with this PEM certificate chain (the server's certificate first,
     /// then any intermediates); needs --tls-key. Plain HTTP to the port is then refused.
@@ -56,7 +56,7 @@ pub struct ServerArgs {
     /// A file holding a token that reads /metrics besides an admin's API key: give Prometheus
     /// the same file (`authorization: {credentials_file: PATH}`). Or the token itself in the
     /// environment, FALLOW_METRICS_TOKEN. Without either, only admins' keys read /metrics.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", env = "FALLOW_METRICS_TOKEN_FILE")]
     metrics_token_file: Option<PathBuf>,
 }
 

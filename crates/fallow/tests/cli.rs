@@ -670,3 +670,59 @@ fn the_catalog_lists_models_memory_compute_units_and_aliases_and_unknown_models_
         &["m2", "unknown model \"RTX 5080\"; closest: RTX-5090"],
     );
 }
+
+/// Every setting of `fallow server` and `fallow agent` can come from the environment, and
+/// `--help` names the variable (issue 22, item 2).
+#[test]
+fn every_server_and_agent_flag_has_an_environment_variable_named_in_help() {
+    for command in ["server", "agent"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_fallow"))
+            .args([command, "--help"])
+            .output()
+            .expect("fallow runs");
+        let help = ok(output, &format!("fallow {command} --help"));
+        let options = help
+            .split_once("Options:")
+            .unwrap_or_else(|| panic!("no options in {help}"))
+            .1;
+        // One block per option: its line, then its paragraphs until the next option.
+        let mut blocks: Vec<String> = Vec::new();
+        for line in options.lines() {
+            let trimmed = line.trim_start();
+            if trimmed.starts_with("--") || (trimmed.starts_with('-') && line.starts_with("  -")) {
+                blocks.push(String::new());
+            }
+            if let Some(block) = blocks.last_mut() {
+                block.push_str(line);
+                block.push('\n');
+            }
+        }
+        let flags: Vec<&String> = blocks
+            .iter()
+            .filter(|block| !block.contains("--help") && !block.contains("--version"))
+            .collect();
+        assert!(
+            flags.len() >= 10,
+            "fallow {command}: {} options read from {help}",
+            flags.len()
+        );
+        for block in flags {
+            assert!(
+                block.contains("[env: FALLOW_"),
+                "fallow {command}: an option without an environment variable:\n{block}"
+            );
+        }
+    }
+}
+
+/// A value from the environment counts as the flag would, and a bad one is refused naming it.
+#[test]
+fn an_agent_setting_from_the_environment_is_checked_as_its_flag() {
+    let output = Command::new(env!("CARGO_BIN_EXE_fallow"))
+        .args(["agent", "--executor", "process", "--simulate-gpus", "H100-SXM5:1"])
+        .env("FALLOW_AGENT_GANG_PORTS", "not-ports")
+        .env("FALLOW_COORDINATOR", "http://127.0.0.1:9")
+        .output()
+        .expect("fallow runs");
+    fails(output, "a bad FALLOW_AGENT_GANG_PORTS", &["--gang-ports"]);
+}
