@@ -26,6 +26,10 @@ pub struct AgentArgs {
     /// coordinator and its gateways.
     #[arg(long, global = true, env = "FALLOW_CA_CERT", value_name = "PATH")]
     ca_cert: Option<PathBuf>,
+    /// A file of settings named as these flags (`region = "eu-west"`; default:
+    /// /etc/fallow/agent.toml when present); a flag or its environment variable beats it.
+    #[arg(long, global = true, env = "FALLOW_AGENT_CONFIG", value_name = "PATH")]
+    config: Option<PathBuf>,
     /// The provider's API key (needed the first time, to register the node).
     #[arg(long, env = "FALLOW_PROVIDER_KEY")]
     provider_key: Option<String>,
@@ -500,6 +504,9 @@ fn memory_mib() -> u64 {
 
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     crate::cmd_server::init_logging();
+    if let Some(config) = &args.config {
+        tracing::info!(path = %config.display(), "settings from a config file");
+    }
     if let Some(AgentCommand::Guard(guard_args)) = args.command {
         return guard(guard_args);
     }

@@ -8,6 +8,10 @@ use clap::Args;
 
 #[derive(Args)]
 pub struct ServerArgs {
+    /// A file of settings named as these flags (`listen = "0.0.0.0:7070"`; default:
+    /// /etc/fallow/server.toml when present); a flag or its environment variable beats it.
+    #[arg(long, env = "FALLOW_SERVER_CONFIG", value_name = "PATH")]
+    config: Option<PathBuf>,
     /// sqlite://PATH or postgres://USER@HOST:PORT/DB (default: sqlite in the data directory).
     #[arg(long, env = "FALLOW_DATABASE")]
     database: Option<String>,
@@ -104,6 +108,9 @@ pub fn init_logging_at(level: &str) {
 
 pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     init_logging();
+    if let Some(config) = &args.config {
+        tracing::info!(path = %config.display(), "settings from a config file");
+    }
     let database = args
         .database
         .unwrap_or_else(|| format!("sqlite://{}", args.data_dir.join("fallow.db").display()));

@@ -14,11 +14,12 @@ mod cmd_dev;
 mod cmd_gateway;
 mod cmd_server;
 mod cmd_sim;
+mod settings_file;
 mod signals;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// The coordinator allocates a little for every request; the system allocator spent an eighth
 /// of `bench api`'s CPU time doing it, mimalloc much less.
@@ -74,7 +75,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `fallow agent` and `fallow server` take settings from a config file too (flags beat the
+    // environment, which beats the file).
+    let argv = match settings_file::with_settings_file(std::env::args_os().collect(), &Cli::command()) {
+        Ok(argv) => argv,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cli = Cli::parse_from(argv);
     let result = match cli.command {
         Command::Job(args) => cli::job::run(*args),
         Command::Offers(args) => cli::offers::run(args),

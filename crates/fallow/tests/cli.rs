@@ -726,3 +726,53 @@ fn an_agent_setting_from_the_environment_is_checked_as_its_flag() {
         .expect("fallow runs");
     fails(output, "a bad FALLOW_AGENT_GANG_PORTS", &["--gang-ports"]);
 }
+
+/// `fallow agent --config FILE` (and `/etc/fallow/agent.toml`) gives settings by their flags'
+/// names; a flag beats the environment, which beats the file; an unknown setting is refused
+/// with its line (issue 22, item 2).
+#[test]
+fn agent_settings_come_from_a_config_file_below_flags_and_the_environment() {
+    let dir = std::env::temp_dir().join(format!("fallow-settings-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("agent.toml");
+    std::fs::write(
+        &file,
+        "# the node\ngang_ports = \"not-ports\"\ncoordinator = \"http://127.0.0.1:9\"\n",
+    )
+    .unwrap();
+    let agent = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_fallow"));
+        command
+            .args(["agent", "--executor", "process", "--simulate-gpus", "H100-SXM5:1"])
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .arg("--config")
+            .arg(&file)
+            .args(extra)
+            .env_remove("FALLOW_AGENT_GANG_PORTS")
+            .env_remove("FALLOW_PROVIDER_KEY")
+            .env_remove("FALLOW_COORDINATOR");
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        command.output().expect("fallow runs")
+    };
+    // From the file: its bad value is refused by the flag's own check.
+    fails(agent(&[], &[]), "a bad gang_ports in the file", &["--gang-ports"]);
+    // A flag, or the environment, beats the file: the start gets past the ports and stops
+    // only for want of a provider key to register with.
+    for output in [
+        agent(&["--gang-ports", "29500-29599"], &[]),
+        agent(&[], &[("FALLOW_AGENT_GANG_PORTS", "29500-29599")]),
+    ] {
+        let said = fails(output, "a start with no provider key", &["--provider-key"]);
+        assert!(!said.contains("--gang-ports"), "{said}");
+    }
+    std::fs::write(&file, "regoin = \"eu-west\"\n").unwrap();
+    fails(
+        agent(&[], &[]),
+        "an unknown setting",
+        &["line 1", "regoin", "agent.toml"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -181,7 +181,7 @@ fn default_path() -> Option<PathBuf> {
 
 /// A TOML basic string (`"…"` with `\"`, `\\`, `\n`, `\t` escapes) or literal string (`'…'`),
 /// optionally followed by a comment.
-fn parse_string(text: &str) -> anyhow::Result<String> {
+pub(crate) fn parse_string(text: &str) -> anyhow::Result<String> {
     let mut chars = text.chars();
     let quote = match chars.next() {
         Some(quote @ ('"' | '\'')) => quote,
