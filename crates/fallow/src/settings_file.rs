@@ -87,16 +87,8 @@ fn read(path: &Path) -> anyhow::Result<String> {
 fn flags_from(text: &str, command: &clap::Command, given: &[String]) -> anyhow::Result<Vec<String>> {
     let mut flags = Vec::new();
     let mut seen: Vec<String> = Vec::new();
-    for (number, line) in text.lines().enumerate() {
-        let number = number + 1;
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let Some((key, rest)) = line.split_once('=') else {
-            bail!("line {number}: expected `setting = value`, found {line:?}");
-        };
-        let long = key.trim().replace('_', "-");
+    for (number, key, rest) in crate::cli::config::settings(text, "setting = value")? {
+        let long = key.replace('_', "-");
         let Some(arg) = command
             .get_arguments()
             .find(|arg| arg.get_long() == Some(long.as_str()) && long != "config")
@@ -107,8 +99,7 @@ fn flags_from(text: &str, command: &clap::Command, given: &[String]) -> anyhow::
                 .filter(|long| !matches!(*long, "config" | "help" | "version"))
                 .collect();
             bail!(
-                "line {number}: unknown setting {:?}; the settings are the flags: {}",
-                key.trim(),
+                "line {number}: unknown setting {key:?}; the settings are the flags: {}",
                 known.join(", ")
             );
         };
@@ -116,7 +107,7 @@ fn flags_from(text: &str, command: &clap::Command, given: &[String]) -> anyhow::
             bail!("line {number}: {long} is set twice");
         }
         seen.push(long.clone());
-        let value = value_of(rest.trim()).with_context(|| format!("line {number}: {long}"))?;
+        let value = value_of(&rest).with_context(|| format!("line {number}: {long}"))?;
         let on_command_line = given
             .iter()
             .any(|arg| *arg == format!("--{long}") || arg.starts_with(&format!("--{long}=")));

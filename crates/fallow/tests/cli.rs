@@ -73,10 +73,7 @@ impl User<'_> {
 }
 
 async fn start(scratch: &Scratch) -> Coordinator {
-    let data_dir = scratch.path.join("data");
-    std::fs::create_dir_all(&data_dir).expect("create the data directory");
-    let database = format!("sqlite://{}", data_dir.join("fallow.db").display());
-    Coordinator::start("coordinator", &database, &data_dir, &scratch.path).await
+    Coordinator::in_scratch(scratch).await
 }
 
 fn admin<'a>(scratch: &'a Scratch, coordinator: &Coordinator) -> User<'a> {

@@ -134,10 +134,7 @@ async fn wait_running(tenant: &User<'_>, id: i64) {
 #[tokio::test]
 async fn owners_reclaim_and_resume_gpus_from_the_cli_and_from_the_nodes_host() {
     let scratch = Scratch::new("fallow_reclaim");
-    let data_dir = scratch.path.join("data");
-    std::fs::create_dir_all(&data_dir).expect("create the data directory");
-    let database = format!("sqlite://{}", data_dir.join("fallow.db").display());
-    let coordinator = Coordinator::start("coordinator", &database, &data_dir, &scratch.path).await;
+    let coordinator = Coordinator::in_scratch(&scratch).await;
     let admin = User {
         home: &scratch.path,
         url: coordinator.url.clone(),

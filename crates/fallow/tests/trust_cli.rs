@@ -135,10 +135,7 @@ fn row<'a>(text: &'a str, first: &str) -> Vec<&'a str> {
 #[tokio::test]
 async fn cli_bonds_standing_frauds_and_canaries() {
     let scratch = Scratch::new("fallow_trust_cli");
-    let data_dir = scratch.path.join("data");
-    std::fs::create_dir_all(&data_dir).expect("create the data directory");
-    let database = format!("sqlite://{}", data_dir.join("fallow.db").display());
-    let coordinator = Coordinator::start("coordinator", &database, &data_dir, &scratch.path).await;
+    let coordinator = Coordinator::in_scratch(&scratch).await;
     let admin = User {
         home: &scratch.path,
         url: coordinator.url.clone(),

@@ -79,17 +79,9 @@ impl Config {
     /// Parses `key = "value"` lines; unknown keys and anything else are errors with the line.
     pub fn parse(text: &str) -> anyhow::Result<Config> {
         let mut config = Config::default();
-        for (number, line) in text.lines().enumerate() {
-            let number = number + 1;
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let Some((key, rest)) = line.split_once('=') else {
-                bail!("line {number}: expected `key = \"value\"`, found {line:?}");
-            };
-            let value = parse_string(rest.trim()).with_context(|| format!("line {number}"))?;
-            let slot = match key.trim() {
+        for (number, key, rest) in settings(text, "key = \"value\"")? {
+            let value = parse_string(&rest).with_context(|| format!("line {number}"))?;
+            let slot = match key.as_str() {
                 "url" => &mut config.url,
                 "api_key" => &mut config.api_key,
                 "api_key_file" => &mut config.api_key_file,
@@ -97,7 +89,7 @@ impl Config {
                 other => bail!("line {number}: unknown setting {other:?}; known: url, api_key, api_key_file, ca_cert"),
             };
             if slot.is_some() {
-                bail!("line {number}: {} is set twice", key.trim());
+                bail!("line {number}: {key} is set twice");
             }
             *slot = Some(value);
         }
@@ -181,6 +173,25 @@ fn default_path() -> Option<PathBuf> {
 
 /// A TOML basic string (`"…"` with `\"`, `\\`, `\n`, `\t` escapes) or literal string (`'…'`),
 /// optionally followed by a comment.
+/// The `key = value` lines of a config file, blank lines and `#` comments left out: each line's
+/// number, its key and its value's text, both trimmed. A line of another shape is an error
+/// saying the `shape` expected.
+pub(crate) fn settings(text: &str, shape: &str) -> anyhow::Result<Vec<(usize, String, String)>> {
+    let mut out = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let number = number + 1;
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((key, rest)) = line.split_once('=') else {
+            bail!("line {number}: expected `{shape}`, found {line:?}");
+        };
+        out.push((number, key.trim().to_string(), rest.trim().to_string()));
+    }
+    Ok(out)
+}
+
 pub(crate) fn parse_string(text: &str) -> anyhow::Result<String> {
     let mut chars = text.chars();
     let quote = match chars.next() {

@@ -228,6 +228,14 @@ impl Coordinator {
         Coordinator::start_with(name, database, data_dir, log_dir, &[]).await
     }
 
+    /// `start` on a SQLite file in `scratch`'s `data` directory, logging into `scratch`.
+    pub async fn in_scratch(scratch: &Scratch) -> Coordinator {
+        let data_dir = scratch.path.join("data");
+        std::fs::create_dir_all(&data_dir).expect("create the data directory");
+        let database = format!("sqlite://{}", data_dir.join("fallow.db").display());
+        Coordinator::start("coordinator", &database, &data_dir, &scratch.path).await
+    }
+
     /// `start`, with more arguments for `fallow server` (`--heartbeat-timeout-ms 3000`, …).
     pub async fn start_with(name: &str, database: &str, data_dir: &Path, log_dir: &Path, args: &[&str]) -> Coordinator {
         let log = log_dir.join(format!("{name}.log"));
