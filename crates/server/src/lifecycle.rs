@@ -353,17 +353,21 @@ pub async fn restart_jobs(state: &AppState, jobs: &[i64], reason: &str, now: i64
 /// tenant is credited an hour of the lost lease at its price (from the platform's SLA pot).
 pub const SLA_CREDIT_HOURS: u64 = 1;
 
+/// `hours` of `lease` at its price, all its GPUs: a credit's amount; `None` when that is nothing.
+pub fn hours_of_lease(lease: &store::LeaseRecord, hours: u64) -> Option<Micros> {
+    let gpu_milli = u64::from(lease.lease.gpu_mask.count_ones()) * lease.lease.gpu_milli.max(0) as u64;
+    Micros(lease.lease.price_micros)
+        .cost_for(gpu_milli, hours * 3600)
+        .filter(|amount| *amount > Micros::ZERO)
+}
+
 async fn credit_sla_breach(state: &AppState, lease: &store::LeaseRecord, now: i64) -> Result<(), ApiError> {
     let Some(job) = state.store.job(lease.job_id).await? else {
         return Ok(());
     };
-    let gpu_milli = u64::from(lease.lease.gpu_mask.count_ones() as u16) * lease.lease.gpu_milli.max(0) as u64;
-    let Some(amount) = Micros(lease.lease.price_micros).cost_for(gpu_milli, SLA_CREDIT_HOURS * 3600) else {
+    let Some(amount) = hours_of_lease(lease, SLA_CREDIT_HOURS) else {
         return Ok(());
     };
-    if amount.0 <= 0 {
-        return Ok(());
-    }
     let credit = ledger::sla_credit(job.tenant_id, amount, format!("sla:lease-{}", lease.id), now)
         .map_err(crate::money::ledger_error)?;
     crate::money::apply(&state.store, &credit).await?;

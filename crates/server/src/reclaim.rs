@@ -166,14 +166,9 @@ async fn credit_tenant(state: &AppState, provider: i64, lease: &LeaseRecord, now
     let Some(job) = state.store.job(lease.job_id).await? else {
         return Ok(Micros::ZERO);
     };
-    let gpu_milli = u64::from(lease.lease.gpu_mask.count_ones()) * lease.lease.gpu_milli.max(0) as u64;
-    let Some(amount) = Micros(lease.lease.price_micros).cost_for(gpu_milli, trust::rules::RECLAIM_CREDIT_HOURS * 3600)
-    else {
+    let Some(amount) = crate::lifecycle::hours_of_lease(lease, trust::rules::RECLAIM_CREDIT_HOURS) else {
         return Ok(Micros::ZERO);
     };
-    if amount <= Micros::ZERO {
-        return Ok(Micros::ZERO);
-    }
     let earnings = Micros(
         state
             .store

@@ -413,14 +413,16 @@ pub async fn restate_node(
     )
     .await?;
     let now = state.now_us();
-    state.store.restate_node(record.id, &node, now).await?;
+    if !state.store.restate_node(record.id, &node, now).await? {
+        return Err(ApiError::NotFound("node".into()));
+    }
     state.forget_node(record.id);
     state.wake.notify_one();
-    let restated = state
-        .store
-        .node(record.id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound("node".into()))?;
+    let restated = store::NodeRecord {
+        node,
+        updated_at: now,
+        ..record.clone()
+    };
     if restated.node != record.node {
         tracing::info!(node = record.id, name = %restated.node.name, "the node's agent restated its facts");
     }
