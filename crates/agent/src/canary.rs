@@ -221,86 +221,19 @@ pub fn default_image_tag() -> String {
     format!("fallow-canary:{}", env!("CARGO_PKG_VERSION"))
 }
 
-/// The files `ldd` says a dynamic executable needs: each library's path and the dynamic loader;
-/// none for a static one. A library `ldd` cannot find is an error.
-pub fn parse_ldd(text: &str) -> Result<Vec<std::path::PathBuf>, String> {
-    let mut paths = Vec::new();
-    for line in text.lines().map(str::trim).filter(|line| !line.is_empty()) {
-        if line.contains("statically linked") || line.contains("not a dynamic executable") {
-            continue;
-        }
-        let target = match line.split_once("=>") {
-            Some((name, target)) => {
-                let target = target.trim();
-                if target.starts_with("not found") {
-                    return Err(format!("ldd finds no {}", name.trim()));
-                }
-                target
-            }
-            None => line,
-        };
-        // "PATH (0xADDRESS)"; the kernel's vDSO has no path and is no file.
-        let path = target.split_whitespace().next().unwrap_or("");
-        if path.starts_with('/') {
-            paths.push(std::path::PathBuf::from(path));
-        }
-    }
-    Ok(paths)
-}
-
-/// Builds the container variant of the canary locally: a root file system of `executable` (at
-/// `/fallow`) and the shared libraries it links (at their own paths), imported into Docker as
-/// `tag` with `fallow canary run` as its entry point. No registry is needed.
+/// Builds the container variant of the canary locally (`crate::image`): `executable` at
+/// `/fallow` with the libraries it links, `fallow canary run` as its entry point.
 pub fn build_image(executable: &std::path::Path, tag: &str) -> Result<(), String> {
-    let ldd = std::process::Command::new("ldd")
-        .arg(executable)
-        .output()
-        .map_err(|error| format!("ldd: {error}"))?;
-    // ldd exits 1 for a static executable, which needs no libraries.
-    let libraries = parse_ldd(&String::from_utf8_lossy(&ldd.stdout))?;
-    let root = std::env::temp_dir().join(format!("fallow-canary-image-{}", std::process::id()));
-    let tarball = root.with_extension("tar");
-    let built = (|| {
-        let copy = |from: &std::path::Path, to: &std::path::Path| {
-            if let Some(parent) = to.parent() {
-                std::fs::create_dir_all(parent).map_err(|error| format!("{}: {error}", parent.display()))?;
-            }
-            std::fs::copy(from, to).map_err(|error| format!("copying {}: {error}", from.display()))
-        };
-        copy(executable, &root.join("fallow"))?;
-        for library in &libraries {
-            copy(library, &root.join(library.strip_prefix("/").unwrap_or(library)))?;
-        }
-        let tar = std::process::Command::new("tar")
-            .arg("-C")
-            .arg(&root)
-            .arg("-cf")
-            .arg(&tarball)
-            .arg(".")
-            .output()
-            .map_err(|error| format!("tar: {error}"))?;
-        if !tar.status.success() {
-            return Err(format!("tar: {}", String::from_utf8_lossy(&tar.stderr).trim()));
-        }
-        let import = std::process::Command::new("docker")
-            .arg("import")
-            .arg("--change")
-            .arg(r#"ENTRYPOINT ["/fallow","canary","run"]"#)
-            .arg(&tarball)
-            .arg(tag)
-            .output()
-            .map_err(|error| format!("docker import (is Docker installed?): {error}"))?;
-        if !import.status.success() {
-            return Err(format!(
-                "docker import: {}",
-                String::from_utf8_lossy(&import.stderr).trim()
-            ));
-        }
-        Ok(())
-    })();
-    let _ = std::fs::remove_dir_all(&root);
-    let _ = std::fs::remove_file(&tarball);
-    built
+    crate::image::build_image(
+        executable,
+        &crate::image::ImageSpec {
+            tag,
+            entrypoint: &["/fallow", "canary", "run"],
+            env: &[],
+            host_files: &[],
+            dirs: &[],
+        },
+    )
 }
 
 #[cfg(test)]
@@ -404,27 +337,6 @@ mod tests {
         stopper.join().unwrap();
         assert_eq!(run, Err(CanaryError::Stopped));
         assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
-    }
-
-    #[test]
-    fn ldd_output_names_the_libraries_and_the_loader() {
-        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f)\n\t/lib64/ld-linux-x86-64.so.2 (0x00007f)\n";
-        assert_eq!(
-            parse_ldd(text).unwrap(),
-            vec![
-                std::path::PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
-                std::path::PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
-            ]
-        );
-        assert_eq!(
-            parse_ldd("\tstatically linked\n").unwrap(),
-            Vec::<std::path::PathBuf>::new()
-        );
-        assert!(
-            parse_ldd("\tlibgone.so.1 => not found\n")
-                .unwrap_err()
-                .contains("libgone.so.1")
-        );
     }
 
     #[test]

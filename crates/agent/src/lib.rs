@@ -10,6 +10,7 @@ pub mod datasets;
 pub mod exec;
 pub mod gpu;
 pub mod guard;
+pub mod image;
 pub mod state;
 pub mod topology;
 pub mod tunnel;

@@ -138,6 +138,15 @@ enum AgentCommand {
     /// Print the node's NVLink domain as NVML reports it (and what --nvlink-domain would
     /// change), then exit.
     DetectTopology,
+    /// Build the agent's container image from this binary (and the libraries it links), as a
+    /// local Docker image, and print its tag. Run it with the host's Docker socket, its data
+    /// directory at the same path, the host's network and the GPUs (README: "A provider on
+    /// Docker").
+    Image {
+        /// The image's tag (default fallow-agent:VERSION).
+        #[arg(long)]
+        tag: Option<String>,
+    },
     /// A replica's guard, started by the agent beside each replica (stdin: the agent's feed);
     /// not for people.
     #[command(hide = true)]
@@ -514,6 +523,15 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         let readings = agent::gpu::read_nvlink();
         let domain = agent::topology::nvlink_domain(args.nvlink_domain.as_deref(), readings.as_ref(), &host_name());
         println!("{}", agent::topology::describe(&domain, readings.as_ref()));
+        return Ok(());
+    }
+    if let Some(AgentCommand::Image { tag }) = args.command {
+        let tag = tag.unwrap_or_else(agent::image::default_agent_tag);
+        let executable = std::env::current_exe().context("finding the fallow binary")?;
+        agent::image::build_agent_image(&executable, &tag)
+            .map_err(anyhow::Error::msg)
+            .context("building the agent's image")?;
+        println!("{tag}");
         return Ok(());
     }
     let ca_certs = match &args.ca_cert {

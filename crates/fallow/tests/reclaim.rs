@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Coordinator, Scratch};
+use common::{Coordinator, Scratch, User};
 use serde_json::{Value, json};
 
 /// How long the agent may take to register its node and heartbeat, and a job to be placed.
@@ -22,37 +22,6 @@ impl Drop for Killed {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-/// One user of the CLI: a coordinator's URL and an API key.
-struct User<'a> {
-    home: &'a Path,
-    url: String,
-    key: String,
-}
-
-impl User<'_> {
-    fn run(&self, line: &str) -> Output {
-        let args: Vec<&str> = line.split_whitespace().collect();
-        common::cli(
-            self.home,
-            &[("FALLOW_URL", &self.url), ("FALLOW_API_KEY", &self.key)],
-            &args,
-        )
-    }
-
-    fn ok(&self, line: &str) -> String {
-        common::succeeded(&self.run(line), line)
-    }
-
-    fn json(&self, line: &str) -> Value {
-        let stdout = self.ok(line);
-        serde_json::from_str(&stdout).unwrap_or_else(|error| panic!("{line}: {error} in {stdout}"))
-    }
-
-    fn fails(&self, line: &str, says: &[&str]) -> String {
-        common::failed_saying(&self.run(line), line, says)
     }
 }
 

@@ -175,6 +175,38 @@ pub fn failed_saying(output: &Output, what: &str, says: &[&str]) -> String {
     stderr
 }
 
+/// One user of the CLI: a coordinator's URL and an API key (`FALLOW_URL`, `FALLOW_API_KEY`).
+pub struct User<'a> {
+    pub home: &'a Path,
+    pub url: String,
+    pub key: String,
+}
+
+impl User<'_> {
+    /// `fallow LINE` (split on whitespace) as this user.
+    pub fn run(&self, line: &str) -> Output {
+        let args: Vec<&str> = line.split_whitespace().collect();
+        cli(
+            self.home,
+            &[("FALLOW_URL", &self.url), ("FALLOW_API_KEY", &self.key)],
+            &args,
+        )
+    }
+
+    pub fn ok(&self, line: &str) -> String {
+        succeeded(&self.run(line), line)
+    }
+
+    pub fn json(&self, line: &str) -> serde_json::Value {
+        let stdout = self.ok(line);
+        serde_json::from_str(&stdout).unwrap_or_else(|error| panic!("{line}: {error} in {stdout}"))
+    }
+
+    pub fn fails(&self, line: &str, says: &[&str]) -> String {
+        failed_saying(&self.run(line), line, says)
+    }
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
