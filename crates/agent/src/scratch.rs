@@ -1,9 +1,10 @@
 //! A replica's scratch directory on an encrypted volume, so that nothing a tenant wrote is
 //! readable on the host after its lease: gocryptfs over FUSE, with a password made for the lease
 //! from the OS's random source, handed to gocryptfs through a pipe and never written anywhere.
-//! At the lease's end the volume is unmounted and its cipher directory removed; what a crash
-//! leaves behind (a stale mount, a cipher directory) is unmounted and removed at the next start,
-//! and stays unreadable meanwhile: the password died with the agent's memory.
+//! At the lease's end the volume is unmounted and its cipher directory removed. If the agent
+//! dies first, its volumes stay mounted (gocryptfs's daemon holds their master keys) until the
+//! agent starts again, which unmounts and removes them, or the host restarts; their cipher
+//! files alone are unreadable, since the passwords died with the agent's memory.
 //!
 //! Where gocryptfs or FUSE is missing, `--scratch-encryption auto` runs replicas in plain
 //! directories (removed at the lease's end as before) and says so once at start;
