@@ -224,6 +224,9 @@ fn now_ms() -> i64 {
 impl<E: Executor> Agent<E> {
     /// Loads or makes the node's key and registers the node if this data directory has not yet.
     pub async fn start(mut config: AgentConfig, inventory: Inventory, executor: E) -> Result<Agent<E>, AgentError> {
+        // Before anything is written: a start refused for want of gocryptfs leaves nothing.
+        let scratch = crate::scratch::Scratch::resolve(config.scratch_encryption)
+            .map_err(|error| AgentError::Config(error.to_string()))?;
         // Replicas run in directories of their own: every path handed to them is absolute.
         std::fs::create_dir_all(&config.data_dir)?;
         config.data_dir = std::path::absolute(&config.data_dir)?;
@@ -235,8 +238,6 @@ impl<E: Executor> Agent<E> {
                 "made the node's key (mode 0600)"
             );
         }
-        let scratch = crate::scratch::Scratch::resolve(config.scratch_encryption)
-            .map_err(|error| AgentError::Config(error.to_string()))?;
         let client = Client::trusting(&config.coordinator, &config.ca_certs)?;
         let gpu_count = u8::try_from(inventory.gpus.len())
             .map_err(|_| AgentError::Config("more than 255 GPUs on one node".into()))?;
