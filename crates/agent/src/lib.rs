@@ -9,10 +9,13 @@ pub mod client;
 pub mod datasets;
 pub mod exec;
 pub mod gpu;
+pub mod gpu_clear;
 pub mod guard;
 pub mod image;
+pub mod scratch;
 pub mod state;
 pub mod topology;
 pub mod tunnel;
 
 pub use agent::{Agent, AgentConfig, AgentError, NodeTopology, rotate_key};
+pub use scratch::ScratchEncryption;

@@ -145,6 +145,7 @@ fn agent_config_via(world: &World, name: &str, coordinator: &str) -> AgentConfig
         guard_program: None,
         canary_program: None,
         topology: agent::NodeTopology::default(),
+        scratch_encryption: agent::ScratchEncryption::Auto,
     }
 }
 
@@ -381,6 +382,17 @@ async fn e2e_a_process_job_runs_on_the_agent_and_is_attested() {
             .join("scratch")
             .exists(),
         "the scratch directory is removed"
+    );
+    let lease_dir = world.dir.join("rig-1").join("leases").join(lease["id"].to_string());
+    assert!(
+        !agent::scratch::cipher_dir_of(&lease_dir.join("scratch")).exists(),
+        "so is its encrypted volume's cipher directory, where there was one"
+    );
+    assert!(
+        !std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .contains(&lease_dir.to_string_lossy().into_owned()),
+        "nothing of the lease stays mounted"
     );
 
     let failing = submit(&world, job("fails", "echo oops >&2; exit 3")).await;

@@ -84,6 +84,7 @@ async fn output_across_an_agent_restart_is_all_there_with_a_marker() {
         guard_program: None,
         canary_program: None,
         topology: agent::NodeTopology::default(),
+        scratch_encryption: agent::ScratchEncryption::Auto,
     };
 
     // The first replica writes a line and waits; the second (the restarted agent's) another.

@@ -247,6 +247,7 @@ fn agent_config_for(world: &World, provider_key: &str, name: &str, coordinator: 
         // In this process: the agent crate's tests have no `fallow` binary.
         canary_program: None,
         topology: agent::NodeTopology::default(),
+        scratch_encryption: agent::ScratchEncryption::Auto,
     }
 }
 

@@ -99,6 +99,29 @@ pub struct AgentArgs {
     /// processes, the others in containers).
     #[arg(long, value_enum, default_value_t = ExecutorKind::Docker, env = "FALLOW_AGENT_EXECUTOR")]
     executor: ExecutorKind,
+    /// How replicas' scratch directories are kept: encrypted volumes (gocryptfs over FUSE) with
+    /// a key made for each lease, held only in the agent's memory, and the volume removed at the
+    /// lease's end; `auto` does so where gocryptfs and /dev/fuse are available and otherwise uses
+    /// plain directories, with a warning; `gocryptfs` refuses to start without them.
+    #[arg(long, value_enum, default_value_t = ScratchEncryptionKind::Auto, env = "FALLOW_AGENT_SCRATCH_ENCRYPTION")]
+    scratch_encryption: ScratchEncryptionKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ScratchEncryptionKind {
+    Auto,
+    Gocryptfs,
+    Off,
+}
+
+impl From<ScratchEncryptionKind> for agent::ScratchEncryption {
+    fn from(kind: ScratchEncryptionKind) -> agent::ScratchEncryption {
+        match kind {
+            ScratchEncryptionKind::Auto => agent::ScratchEncryption::Auto,
+            ScratchEncryptionKind::Gocryptfs => agent::ScratchEncryption::Gocryptfs,
+            ScratchEncryptionKind::Off => agent::ScratchEncryption::Off,
+        }
+    }
 }
 
 /// The asks a node registers with when none are given.
@@ -359,6 +382,8 @@ fn agent_config(
         // This binary again, as `fallow canary run` for the coordinator's canary orders.
         canary_program: Some(std::env::current_exe().context("finding the fallow binary, for canaries")?),
         topology: agent::NodeTopology::default(),
+        // Encrypted where this host can (gocryptfs and /dev/fuse), plain otherwise, said once.
+        scratch_encryption: agent::ScratchEncryption::Auto,
     })
 }
 
@@ -592,6 +617,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         usage_every: std::time::Duration::from_secs(args.usage_every_s.max(1)),
         grace: std::time::Duration::from_secs(args.grace_s),
         allow_file_datasets: args.allow_file_datasets,
+        scratch_encryption: args.scratch_encryption.into(),
         ..config
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

@@ -122,6 +122,10 @@ impl<E: Executor> Agent<E> {
     pub(super) async fn start_gang_replica(&mut self, lease: &AgentLease, staged: Staged, gang: &GangView) {
         let mut spec = staged.spec;
         spec.env.extend(gang_env(gang));
+        // The rendezvous file goes inside the scratch volume, so it is opened first.
+        if !self.open_scratch(lease, &spec).await {
+            return;
+        }
         write_rendezvous(&spec, gang);
         tracing::info!(
             lease = lease.lease.id,

@@ -14,7 +14,9 @@ use trust::NodeKey;
 use super::{Agent, LOG_SETTLE, Run, now_ms};
 use crate::client::{Client, ClientError, LeaseSet};
 use crate::exec::{Executor, Exit, RunSpec};
+use crate::gpu_clear::GpuClearing;
 use crate::guard::{Fence, Guards};
+use crate::scratch::Scratch;
 
 /// How long a lease long-poll waits for a change.
 pub const LEASE_POLL_WAIT_MS: u64 = 25_000;
@@ -180,7 +182,7 @@ impl<E: Executor> Agent<E> {
                 job.network.clone()
             },
             shm_mib: self.config.topology.shm_mib,
-            scratch_dir: lease_dir.join("scratch"),
+            scratch_dir: lease_dir.join(crate::scratch::SCRATCH_DIR),
             checkpoint_dir: job.checkpoint_dir.as_ref().map(|_| {
                 self.config
                     .data_dir
@@ -269,13 +271,16 @@ impl<E: Executor> Agent<E> {
     /// Starts a replica whose lease is staged (and, for a gang, whose gang assembled).
     pub(super) async fn start_replica(&mut self, lease: &AgentLease, spec: RunSpec) {
         let id = lease.lease.id;
+        if !self.open_scratch(lease, &spec).await {
+            return;
+        }
         let log = self.resume_log_of(&spec);
         match self.executor.start(&spec).await {
             Ok(handle) => {
                 if let Err(error) = self.start_guard(id, &handle) {
                     tracing::error!(lease = id, %error, "the replica's guard did not start; stopping the replica");
                     let _ = self.executor.stop(&handle, Duration::ZERO).await;
-                    self.executor.clean_up(&spec).await;
+                    self.clean_up(id, &spec).await;
                     let reason = format!("the node could not guard the replica: {error}");
                     if let Err(report) = self.report(lease, "failed", None, &reason).await {
                         tracing::warn!(lease = id, error = %report, "could not report the failure");
@@ -316,8 +321,57 @@ impl<E: Executor> Agent<E> {
                 if let Err(report) = self.report(lease, "failed", None, &error.to_string()).await {
                     tracing::warn!(lease = id, error = %report, "could not report the failure");
                 }
-                self.executor.clean_up(&spec).await;
+                self.clean_up(id, &spec).await;
             }
+        }
+    }
+
+    /// Makes the replica's scratch directory (an encrypted volume with a new key, where the
+    /// agent encrypts scratch); if it cannot, reports the lease failed and returns false.
+    pub(super) async fn open_scratch(&mut self, lease: &AgentLease, spec: &RunSpec) -> bool {
+        let Err(error) = self.scratch.open(&spec.scratch_dir).await else {
+            return true;
+        };
+        let id = lease.lease.id;
+        tracing::warn!(lease = id, %error, "the replica's scratch could not be made");
+        self.scratch.close(&spec.scratch_dir).await;
+        let reason = format!("the node could not make the replica's scratch: {error}");
+        if let Err(report) = self.report(lease, "failed", None, &reason).await {
+            tracing::warn!(lease = id, error = %report, "could not report the failure");
+        }
+        false
+    }
+
+    /// What to clear of lease `id`'s GPUs once its replica is gone: those no other replica of
+    /// this node holds (`gpu_clear::plan`).
+    fn gpu_clearing(&self, id: i64, gpus: &[u8]) -> GpuClearing {
+        let held: Vec<u8> = self
+            .runs
+            .iter()
+            .filter(|(other, _)| **other != id)
+            .flat_map(|(_, run)| run.lease.lease.gpu_indices.iter().copied())
+            .chain(
+                self.stopping
+                    .iter()
+                    .filter(|(other, _)| **other != id)
+                    .flat_map(|(_, (gpus, _))| gpus.iter().copied()),
+            )
+            .collect();
+        crate::gpu_clear::plan(self.inventory.simulated, gpus, &held)
+    }
+
+    /// Removes what an ended replica of lease `id` left: its container or files and its scratch
+    /// volume now; its GPUs' memory in the background, the GPUs held meanwhile (as a stopping
+    /// replica's are), so no new lease gets them first.
+    async fn clean_up(&mut self, id: i64, spec: &RunSpec) {
+        clean_up_replica(self.executor.as_ref(), &self.scratch, spec).await;
+        let clearing = self.gpu_clearing(id, &spec.gpu_indices);
+        if clearing != GpuClearing::Nothing {
+            let task = tokio::spawn(async move {
+                crate::gpu_clear::clear(&clearing).await;
+                None
+            });
+            self.stopping.insert(id, (spec.gpu_indices.clone(), task));
         }
     }
 
@@ -352,8 +406,10 @@ impl<E: Executor> Agent<E> {
         self.unserve(run.lease.lease.id);
         let executor = self.executor.clone();
         let guards = self.guards.clone();
+        let scratch = self.scratch.clone();
         let id = run.lease.lease.id;
         let gpus = run.lease.lease.gpu_indices.clone();
+        let clearing = self.gpu_clearing(id, &gpus);
         self.stopping.insert(
             id,
             (
@@ -361,7 +417,8 @@ impl<E: Executor> Agent<E> {
                 tokio::spawn(async move {
                     let exit = executor.stop(&run.handle, grace).await.ok();
                     guards.end(id).await;
-                    executor.clean_up(&run.spec).await;
+                    clean_up_replica(executor.as_ref(), &scratch, &run.spec).await;
+                    crate::gpu_clear::clear(&clearing).await;
                     exit
                 }),
             ),
@@ -435,7 +492,7 @@ impl<E: Executor> Agent<E> {
             // preempted at its `preempt_at` and queues the job again. An attestation now would end
             // the job (finished on 0, failed otherwise) although its work was cut short.
             tracing::info!(lease = id, exit = exit.code, "preempted replica stopped; not attested");
-            self.executor.clean_up(&run.spec).await;
+            self.clean_up(id, &run.spec).await;
             self.save_runs();
             return;
         }
@@ -457,9 +514,17 @@ impl<E: Executor> Agent<E> {
             }
             Err(error) => tracing::warn!(lease = id, %error, "the attestation was refused"),
         }
-        self.executor.clean_up(&run.spec).await;
+        self.clean_up(id, &run.spec).await;
         self.save_runs();
     }
+}
+
+/// Removes what a replica left once it is gone: the executor's leftovers (its container, its
+/// files), then its scratch volume (unmounted and its cipher files removed; its key is long
+/// gone).
+async fn clean_up_replica<E: Executor>(executor: &E, scratch: &Scratch, spec: &RunSpec) {
+    executor.clean_up(spec).await;
+    scratch.close(&spec.scratch_dir).await;
 }
 
 fn digest_of_file(path: &std::path::Path) -> String {

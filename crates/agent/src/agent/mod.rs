@@ -76,6 +76,9 @@ pub struct AgentConfig {
     pub canary_program: Option<PathBuf>,
     /// Where the node sits and how its gang replicas are reached.
     pub topology: NodeTopology,
+    /// Whether replicas' scratch directories are encrypted volumes with a key per lease
+    /// (`crate::scratch`).
+    pub scratch_encryption: crate::scratch::ScratchEncryption,
 }
 
 /// Where a node sits in the interconnect and on the map, and how a gang's other replicas reach
@@ -208,6 +211,8 @@ pub struct Agent<E: Executor> {
     staged: HashMap<i64, gang::Staged>,
     /// When the loop may send again what the coordinator failed (`pacer`).
     pacer: pacer::Pacer,
+    /// How replicas' scratch directories are kept: encrypted volumes, or plain directories.
+    scratch: crate::scratch::Scratch,
 }
 
 fn now_ms() -> i64 {
@@ -219,6 +224,9 @@ fn now_ms() -> i64 {
 impl<E: Executor> Agent<E> {
     /// Loads or makes the node's key and registers the node if this data directory has not yet.
     pub async fn start(mut config: AgentConfig, inventory: Inventory, executor: E) -> Result<Agent<E>, AgentError> {
+        // Before anything is written: a start refused for want of gocryptfs leaves nothing.
+        let scratch = crate::scratch::Scratch::resolve(config.scratch_encryption)
+            .map_err(|error| AgentError::Config(error.to_string()))?;
         // Replicas run in directories of their own: every path handed to them is absolute.
         std::fs::create_dir_all(&config.data_dir)?;
         config.data_dir = std::path::absolute(&config.data_dir)?;
@@ -304,6 +312,7 @@ impl<E: Executor> Agent<E> {
             canaries_seen_set: std::collections::HashSet::new(),
             staged: HashMap::new(),
             pacer: pacer::Pacer::new(node_id as u64),
+            scratch,
         })
     }
 
@@ -323,6 +332,8 @@ impl<E: Executor> Agent<E> {
             self.left_running.insert((leftover.lease_id, leftover.epoch));
         }
         self.executor.stop_leftovers(&leftovers).await;
+        // Their scratch volumes' keys died with that run: unmount and remove what is left.
+        self.scratch.clean_stale(&self.config.data_dir.join("leases")).await;
         state::write_runs(&self.config.data_dir, &[])?;
         Ok(())
     }

@@ -35,7 +35,9 @@ pub struct RunSpec {
     /// Shared memory for the replica in MiB (`/dev/shm`; NCCL needs far more than Docker's
     /// 64 MiB); 0: the executor's default.
     pub shm_mib: u64,
-    /// The replica's scratch directory, removed after it ends.
+    /// The replica's scratch directory, removed after it ends. The agent makes it before the
+    /// replica starts, as an encrypted volume where it encrypts scratch (`crate::scratch`), and
+    /// removes that volume after the executor's `clean_up`.
     pub scratch_dir: PathBuf,
     /// Kept across preemptions and restarts when the job asked for one.
     pub checkpoint_dir: Option<PathBuf>,
