@@ -21,11 +21,7 @@ fn spec(image: &str, script: &str) -> RunSpec {
         lease_id,
         epoch: 1,
         image: image.to_string(),
-        command: if image == "/bin/sh" {
-            vec!["-c".into(), script.into()]
-        } else {
-            vec!["/bin/sh".into(), "-c".into(), script.into()]
-        },
+        command: common::sh_command(image, script),
         env: [("GREETING".to_string(), "hello".to_string())].into_iter().collect(),
         gpu_indices: vec![1],
         memory_mib: 256,

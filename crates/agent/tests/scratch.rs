@@ -54,11 +54,7 @@ fn spec(data_dir: &Path, lease_id: i64, image: &str, script: &str) -> RunSpec {
         lease_id,
         epoch: 1,
         image: image.to_string(),
-        command: if image == "/bin/sh" {
-            vec!["-c".into(), script.into()]
-        } else {
-            vec!["/bin/sh".into(), "-c".into(), script.into()]
-        },
+        command: common::sh_command(image, script),
         env: Default::default(),
         gpu_indices: vec![0],
         memory_mib: 256,

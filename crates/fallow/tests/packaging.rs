@@ -81,6 +81,16 @@ impl Drop for Container {
 }
 
 impl Container {
+    /// `docker run -d` on the host's network of `args` (options, the image, its arguments), as
+    /// a container named after `what`.
+    fn start(what: &str, args: &[&str]) -> Container {
+        let container = Container(common::unique(what));
+        let mut line = vec!["run", "-d", "--name", &container.0, "--network", "host"];
+        line.extend_from_slice(args);
+        ok(run("docker", &line), &format!("starting {what}"));
+        container
+    }
+
     fn logs(&self) -> String {
         let output = run("docker", &["logs", &self.0]);
         format!(
@@ -314,33 +324,23 @@ async fn the_deb_passes_lintian_installs_into_clean_debian_and_its_agent_joins_a
         coordinator.url, provider.key
     );
     std::fs::write(scratch.path.join("settings.toml"), settings).expect("write the settings");
-    let container = Container(common::unique("fallow-deb-agent"));
-    ok(
-        run(
-            "docker",
-            &[
-                "run",
-                "-d",
-                "--name",
-                &container.0,
-                "--network",
-                "host",
-                "-v",
-                &pkg,
-                &image,
-                "sh",
-                "-ec",
-                // The unit's user, environment and working directory; exec, so that the agent
-                // gets `docker stop`'s SIGTERM itself, as it gets systemd's.
-                "dpkg -i /pkg/fallow.deb >/dev/null
-                 cat /pkg/settings.toml >> /etc/fallow/agent.toml
-                 cd /var/lib/fallow/agent
-                 exec setpriv --reuid=fallow --regid=fallow --init-groups env \
-                   FALLOW_AGENT_DATA_DIR=/var/lib/fallow/agent FALLOW_AGENT_CONFIG=/etc/fallow/agent.toml \
-                   /usr/bin/fallow agent",
-            ],
-        ),
-        "starting the packaged agent",
+    let container = Container::start(
+        "fallow-deb-agent",
+        &[
+            "-v",
+            &pkg,
+            &image,
+            "sh",
+            "-ec",
+            // The unit's user, environment and working directory; exec, so that the agent gets
+            // `docker stop`'s SIGTERM itself, as it gets systemd's.
+            "dpkg -i /pkg/fallow.deb >/dev/null
+             cat /pkg/settings.toml >> /etc/fallow/agent.toml
+             cd /var/lib/fallow/agent
+             exec setpriv --reuid=fallow --regid=fallow --init-groups env \
+               FALLOW_AGENT_DATA_DIR=/var/lib/fallow/agent FALLOW_AGENT_CONFIG=/etc/fallow/agent.toml \
+               /usr/bin/fallow agent",
+        ],
     );
     let node = wait_online(&provider, &name, &container);
     assert_eq!(node["simulated"], true, "{node}");
@@ -430,37 +430,27 @@ async fn the_agent_image_joins_fallow_dev_and_runs_a_container_job() {
     std::fs::create_dir_all(&agent_dir).expect("the agent's directory");
     let agent_dir = agent_dir.display().to_string();
     let name = common::unique("imaged");
-    let container = Container(common::unique("fallow-image-agent"));
-    ok(
-        run(
-            "docker",
-            &[
-                "run",
-                "-d",
-                "--name",
-                &container.0,
-                "--network",
-                "host",
-                "-v",
-                "/var/run/docker.sock:/var/run/docker.sock",
-                "-v",
-                &format!("{agent_dir}:{agent_dir}"),
-                "-e",
-                &format!("FALLOW_AGENT_DATA_DIR={agent_dir}"),
-                "-e",
-                &format!("FALLOW_COORDINATOR={url}"),
-                "-e",
-                &format!("FALLOW_PROVIDER_KEY={}", provider.key),
-                &tag,
-                "--name",
-                &name,
-                "--simulate-gpus",
-                "H100-SXM5:1",
-                "--usage-every-s",
-                "1",
-            ],
-        ),
-        "starting the agent's image",
+    let container = Container::start(
+        "fallow-image-agent",
+        &[
+            "-v",
+            "/var/run/docker.sock:/var/run/docker.sock",
+            "-v",
+            &format!("{agent_dir}:{agent_dir}"),
+            "-e",
+            &format!("FALLOW_AGENT_DATA_DIR={agent_dir}"),
+            "-e",
+            &format!("FALLOW_COORDINATOR={url}"),
+            "-e",
+            &format!("FALLOW_PROVIDER_KEY={}", provider.key),
+            &tag,
+            "--name",
+            &name,
+            "--simulate-gpus",
+            "H100-SXM5:1",
+            "--usage-every-s",
+            "1",
+        ],
     );
     let node = wait_online(&provider, &name, &container);
     assert_eq!(node["simulated"], true, "{node}");

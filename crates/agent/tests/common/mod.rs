@@ -91,3 +91,13 @@ pub async fn docker() -> Option<DockerExecutor> {
     }
     Some(executor)
 }
+
+/// A replica's command running `script` with /bin/sh: its arguments for the process executor
+/// (whose `image` is the program), the whole line for a container image.
+pub fn sh_command(image: &str, script: &str) -> Vec<String> {
+    if image == "/bin/sh" {
+        vec!["-c".into(), script.into()]
+    } else {
+        vec!["/bin/sh".into(), "-c".into(), script.into()]
+    }
+}
