@@ -101,8 +101,9 @@ pub struct AgentArgs {
     executor: ExecutorKind,
     /// How replicas' scratch directories are kept: encrypted volumes (gocryptfs over FUSE) with
     /// a key made for each lease, held only in the agent's memory, and the volume removed at the
-    /// lease's end; `auto` does so where gocryptfs and /dev/fuse are available and otherwise uses
-    /// plain directories, with a warning; `gocryptfs` refuses to start without them.
+    /// lease's end; `auto` does so where gocryptfs and /dev/fuse are available (and, for an
+    /// agent not run as root, user_allow_other in /etc/fuse.conf) and otherwise uses plain
+    /// directories, with a warning; `gocryptfs` refuses to start without them.
     #[arg(long, value_enum, default_value_t = ScratchEncryptionKind::Auto, env = "FALLOW_AGENT_SCRATCH_ENCRYPTION")]
     scratch_encryption: ScratchEncryptionKind,
 }
