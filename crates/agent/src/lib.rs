@@ -10,8 +10,9 @@ pub mod datasets;
 pub mod exec;
 pub mod gpu;
 pub mod guard;
+pub mod matmul;
 pub mod state;
 pub mod topology;
 pub mod tunnel;
 
-pub use agent::{Agent, AgentConfig, AgentError, NodeTopology, rotate_key};
+pub use agent::{Agent, AgentConfig, AgentError, CANARY_PRODUCTS_DIR, NodeTopology, rotate_key};
