@@ -480,6 +480,17 @@ async fn challenge(
         )
         .await;
     }
+    // The same result again (its answer was lost on the way): the same challenge again.
+    if let Some(stored) = &canary.challenge {
+        let mut seed = [0u8; trust::matmul::CHALLENGE_SEED_BYTES];
+        if canary.result.as_deref() == Some(result.0) && hex::decode_to_slice(stored, &mut seed).is_ok() {
+            return Ok(challenged(canary, &gpus, &seed));
+        }
+        return Err(ApiError::Conflict(format!(
+            "canary {} was answered already with another result; a result is taken once",
+            canary.id
+        )));
+    }
     let seed = trust::matmul::new_challenge_seed();
     let taken = {
         let _turn = state.writer_turn().await;
@@ -494,27 +505,32 @@ async fn challenge(
             canary.id
         )));
     }
+    tracing::info!(
+        node = node.id,
+        canary = canary.id,
+        "matmul canary committed; challenged"
+    );
+    Ok(challenged(canary, &gpus, &seed))
+}
+
+/// The answer that carries a matmul canary's challenge: the rows each GPU must reveal.
+fn challenged(canary: &CanaryRow, gpus: &[u8], seed: &[u8; trust::matmul::CHALLENGE_SEED_BYTES]) -> CanaryAccepted {
     let n = usize::try_from(canary.canary.units).unwrap_or(0);
     let challenge = api::CanaryChallenge {
         gpus: gpus
             .iter()
             .map(|gpu| api::CanaryChallengeRows {
                 gpu: *gpu,
-                rows: trust::matmul::challenge_rows(&trust::matmul::gpu_challenge(&seed, *gpu), n),
+                rows: trust::matmul::challenge_rows(&trust::matmul::gpu_challenge(seed, *gpu), n),
             })
             .collect(),
     };
-    tracing::info!(
-        node = node.id,
-        canary = canary.id,
-        "matmul canary committed; challenged"
-    );
-    Ok(CanaryAccepted {
+    CanaryAccepted {
         finding: "challenged".to_string(),
         fraud: None,
         challenge: Some(challenge),
         reason: None,
-    })
+    }
 }
 
 /// `POST /v1/agent/canaries/{id}/proof`: a matmul canary's proof. The rows must be those its

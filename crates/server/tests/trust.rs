@@ -917,8 +917,16 @@ async fn a_matmul_canary_is_committed_challenged_and_proven_row_by_row() {
         );
         let message = answer(&gpu_node, &matmul_result(&gpu_node, &order, &honest, H100_TFLOPS_MILLI))
             .await
-            .refused(409, "a second result");
+            .refused(409, "a second, other result");
         assert!(message.contains("once"), "{}: {message}", h.backend);
+        // The same result again (an answer lost on the way): the same challenge again.
+        let again = answer(
+            &gpu_node,
+            &matmul_result(&gpu_node, &order, &honest, H100_TFLOPS_MILLI * 7 / 10),
+        )
+        .await
+        .expect(200, "the same result again");
+        assert_eq!(again["challenge"], accepted["challenge"], "{}", h.backend);
 
         // A proof of the wrong shape is refused, and the right one may follow.
         let mut short = proof(&order, &honest, &accepted);
