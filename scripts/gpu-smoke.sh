@@ -2,8 +2,10 @@
 # GPU smoke test: on a machine with an NVIDIA GPU and python3 with PyTorch, starts a coordinator
 # and an agent (process executor), checks that the agent reports the GPUs nvidia-smi sees (model,
 # count, not simulated) and found them through NVML (not its nvidia-smi fallback), and runs a real
-# GPU job through the market: a bf16 matrix product on one GPU. Prints what it found, and the
-# NVLink domain the agent detects (`fallow agent detect-topology`); exits non-zero on any mismatch.
+# GPU job through the market: a bf16 matrix product on one GPU. Runs the matmul canary on GPU 0
+# (`fallow canary run --kind matmul --self-check`) and prints its TFLOPS next to the catalog's.
+# Prints what it found, and the NVLink domain the agent detects (`fallow agent detect-topology`);
+# exits non-zero on any mismatch or a failed check of the canary's product.
 #
 # Usage: scripts/gpu-smoke.sh            (builds the release binary first)
 #        FALLOW_BIN=path/to/fallow scripts/gpu-smoke.sh
@@ -91,6 +93,29 @@ if [ "$simulate" != 1 ]; then
   [ "$count" = "$smi_count" ] || fail "the agent reports $count GPUs, nvidia-smi $smi_count"
   [ "$detected_by" = nvml ] || fail "the agent found the GPUs by ${detected_by:-no logged source}, not NVML" \
     "(is libnvidia-ml.so.1 on the loader's path?)"
+fi
+
+# The matmul canary on the device (docs/trust-policy.md § 3): a seeded bf16 product on GPU 0
+# through cuBLAS, checked here as the coordinator checks it (--self-check: Merkle paths and
+# Freivalds' check against a random vector), its TFLOPS next to the catalog figure of the model
+# the agent detected. Simulated: the CPU reference on a small product (plumbing only).
+if [ "$simulate" = 1 ]; then
+  canary_args=(--device cpu-reference --n 256)
+else
+  canary_args=(--device cuda --n 4096)
+fi
+canary=$("$FALLOW_BIN" canary run --kind matmul --seed "smoke-$$" --gpus 0 --self-check "${canary_args[@]}" 2>"$work/canary.err") \
+  || { cat "$work/canary.err" >&2; fail "the matmul canary failed or its product's check failed"; }
+canary_tflops=$(printf '%s' "$canary" | json "'%.1f' % (d['rate_milli'] / 1000)")
+canary_on=$(printf '%s' "$canary" | json "d['measured_on']")
+catalog_tflops=$("$FALLOW_BIN" catalog --json | json "[m['dense_tflops'] for m in d if m['name'] == '$model'][0]")
+say "matmul canary on $canary_on: $canary_tflops TFLOPS measured; the catalog's $model: $catalog_tflops dense BF16 TFLOPS"
+say "    ($(cat "$work/canary.err"))"
+if [ "$simulate" != 1 ]; then
+  printf '%s' "$canary_on" | grep -q '^cuda:' || fail "the matmul canary did not run on CUDA: $canary_on"
+  slow_line=$(python3 -c "print('%.1f' % ($catalog_tflops * 0.45))")
+  python3 -c "import sys; sys.exit(0 if $canary_tflops >= $slow_line else 1)" \
+    || say "WARNING: under the policy's slow line ($slow_line TFLOPS, 45 % of the catalog's)"
 fi
 
 if [ "$simulate" = 1 ]; then

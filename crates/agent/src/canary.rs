@@ -343,6 +343,7 @@ mod tests {
     fn the_signed_wire_form_carries_the_signed_values() {
         let order = api::CanaryOrder {
             id: 7,
+            kind: api::CanaryKind::Hash,
             seed: "s".into(),
             units: 2,
             gpus: vec![0],

@@ -387,30 +387,43 @@ impl Client {
         Ok(accepted.charged_micros)
     }
 
-    /// Reports a canary's result, signed by the node's key over its body; returns the
-    /// coordinator's finding (passed, wrong_answer or slow).
+    /// Reports a canary's result, signed by the node's key over its body; returns what the
+    /// coordinator found (passed, wrong_answer or slow), or a matmul canary's challenge.
     pub async fn canary_result(
         &self,
         key: &NodeKey,
         node_id: i64,
         result: &trust::canary::CanaryResult,
-    ) -> Result<String, ClientError> {
-        #[derive(serde::Deserialize)]
-        struct Finding {
-            finding: String,
-        }
+    ) -> Result<api::CanaryAccepted, ClientError> {
         let signed = crate::canary::signed_wire(trust::sign_record(key, node_id, result));
-        let answer: Finding = self
-            .signed(
-                key,
-                node_id,
-                reqwest::Method::POST,
-                "/v1/agent/canaries",
-                Some(&signed),
-                self.request_timeout(),
-            )
-            .await?;
-        Ok(answer.finding)
+        self.signed(
+            key,
+            node_id,
+            reqwest::Method::POST,
+            "/v1/agent/canaries",
+            Some(&signed),
+            self.request_timeout(),
+        )
+        .await
+    }
+
+    /// Sends a matmul canary's proof (the rows its challenge asked for); returns the finding.
+    pub async fn canary_proof(
+        &self,
+        key: &NodeKey,
+        node_id: i64,
+        canary_id: i64,
+        proof: &api::CanaryProof,
+    ) -> Result<api::CanaryAccepted, ClientError> {
+        self.signed(
+            key,
+            node_id,
+            reqwest::Method::POST,
+            &format!("/v1/agent/canaries/{canary_id}/proof"),
+            Some(proof),
+            self.request_timeout(),
+        )
+        .await
     }
 
     pub async fn attest(

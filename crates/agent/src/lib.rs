@@ -12,10 +12,11 @@ pub mod gpu;
 pub mod gpu_clear;
 pub mod guard;
 pub mod image;
+pub mod matmul;
 pub mod scratch;
 pub mod state;
 pub mod topology;
 pub mod tunnel;
 
-pub use agent::{Agent, AgentConfig, AgentError, NodeTopology, rotate_key};
+pub use agent::{Agent, AgentConfig, AgentError, CANARY_PRODUCTS_DIR, NodeTopology, rotate_key};
 pub use scratch::ScratchEncryption;

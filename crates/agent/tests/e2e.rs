@@ -144,6 +144,7 @@ fn agent_config_via(world: &World, name: &str, coordinator: &str) -> AgentConfig
         allow_file_datasets: true,
         guard_program: None,
         canary_program: None,
+        matmul_device: None,
         topology: agent::NodeTopology::default(),
         scratch_encryption: agent::ScratchEncryption::Auto,
     }

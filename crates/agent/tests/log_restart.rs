@@ -83,6 +83,7 @@ async fn output_across_an_agent_restart_is_all_there_with_a_marker() {
         allow_file_datasets: false,
         guard_program: None,
         canary_program: None,
+        matmul_device: None,
         topology: agent::NodeTopology::default(),
         scratch_encryption: agent::ScratchEncryption::Auto,
     };

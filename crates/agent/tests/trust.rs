@@ -246,6 +246,7 @@ fn agent_config_for(world: &World, provider_key: &str, name: &str, coordinator: 
         guard_program: None,
         // In this process: the agent crate's tests have no `fallow` binary.
         canary_program: None,
+        matmul_device: None,
         topology: agent::NodeTopology::default(),
         scratch_encryption: agent::ScratchEncryption::Auto,
     }
@@ -261,6 +262,7 @@ fn now_ms() -> i64 {
 fn order(id: i64, units: u64, gpus: &[u8]) -> api::CanaryOrder {
     api::CanaryOrder {
         id,
+        kind: api::CanaryKind::Hash,
         seed: format!("agent-test-seed-{id}"),
         units,
         gpus: gpus.to_vec(),
@@ -803,6 +805,79 @@ async fn an_agent_inflating_its_usage_is_caught_by_the_cross_checks_slashed_and_
     check_untouched(&world, honest_provider, 100_000_000).await;
     liar.stop().await;
     honest.stop().await;
+    world.running.stop().await;
+    let _ = std::fs::remove_dir_all(&world.dir);
+}
+
+/// The matmul canary end to end, with the agent's CPU reference standing in for the GPU (this
+/// machine has none; `scripts/gpu-smoke.sh` runs the CUDA path): the agent registers that it runs
+/// the matmul canary, the coordinator orders one, the agent commits to each GPU's product,
+/// answers the challenge with the rows asked for, and the coordinator checks them. The CPU
+/// reference measures no rate, so the product checks out and the canary is found slow, with the
+/// reason the provider reads; the kept products are deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_matmul_canary_round_trip_with_the_cpu_reference_standing_in_for_the_gpu() {
+    let world = world_with(|config| {
+        policing(config);
+        config.canary_matmul_n = 64;
+    })
+    .await;
+    let mut inventory = agent::gpu::simulated("H100-SXM5:2", |_| true).unwrap();
+    // As real GPUs would be: not simulated, no device to pace like.
+    inventory.simulated = false;
+    inventory.simulated_device = None;
+    let config = AgentConfig {
+        matmul_device: Some(agent::matmul::MatmulDevice::CpuReference),
+        ..agent_config(&world, "cuda-node", &world.base.clone())
+    };
+    let data_dir = config.data_dir.clone();
+    let agent = Agent::start(config, inventory, ProcessExecutor)
+        .await
+        .expect("the agent registers");
+    let node_id = agent.node_id();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(async move {
+        agent.run(stopped).await.expect("the agent runs");
+    });
+
+    let canary = wait_until("the node's first canary to be found", async || {
+        let (status, canaries) = call(
+            &world,
+            &world.provider_key,
+            reqwest::Method::GET,
+            &format!("/v1/nodes/{node_id}/canaries"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{canaries}");
+        canaries
+            .as_array()?
+            .iter()
+            .rev()
+            .find(|canary| !canary["finding"].is_null())
+            .cloned()
+    })
+    .await;
+    assert_eq!(canary["kind"], "matmul", "{canary}");
+    assert_eq!(canary["units"], 64, "{canary}");
+    assert_eq!(
+        canary["finding"], "slow",
+        "the proof checks out; the CPU reference measures no rate: {canary}"
+    );
+    let reason = canary["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("TFLOPS"), "{reason}");
+    assert_eq!(canary["result"]["measured_on"], "cpu-reference", "{canary}");
+    let roots = canary["result"]["digest"].as_str().unwrap_or_default();
+    assert_eq!(roots.split(',').count(), 2, "one root per GPU: {roots}");
+    let products = data_dir.join(agent::CANARY_PRODUCTS_DIR);
+    wait_until("the products to be deleted", async || {
+        let left = std::fs::read_dir(&products).map_or(0, |entries| entries.count());
+        (left == 0).then_some(())
+    })
+    .await;
+
+    let _ = stop.send(true);
+    task.await.unwrap();
     world.running.stop().await;
     let _ = std::fs::remove_dir_all(&world.dir);
 }

@@ -383,6 +383,10 @@ pub struct NodeRegistration {
     /// The runtimes the agent runs replicas in: "container", "process"; empty: both.
     #[serde(default)]
     pub runtimes: Vec<String>,
+    /// The canary kinds the agent can run besides hash: "matmul" when it loaded CUDA and
+    /// cuBLAS and saw its GPUs (docs/trust-policy.md § 3); empty: the hash canary only.
+    #[serde(default)]
+    pub canary_kinds: Vec<String>,
     /// The address a gang's other replicas reach this node's replicas at (a host name or IP);
     /// empty: the address the coordinator saw the registration come from.
     #[serde(default)]
@@ -566,12 +570,47 @@ pub struct NodeLimits {
     pub power_limit_w: Option<u32>,
 }
 
+/// A canary's kind (docs/trust-policy.md § 3).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CanaryKind {
+    /// Hash chains whose answer the coordinator recomputes (`trust::canary`).
+    #[default]
+    Hash,
+    /// A seeded bf16 matrix product on each GPU, committed by a Merkle root and proven row by
+    /// row against a challenge drawn after the result (`trust::matmul`).
+    Matmul,
+}
+
+impl CanaryKind {
+    /// Its stored and wire name.
+    pub fn name(self) -> &'static str {
+        match self {
+            CanaryKind::Hash => "hash",
+            CanaryKind::Matmul => "matmul",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<CanaryKind> {
+        [CanaryKind::Hash, CanaryKind::Matmul]
+            .into_iter()
+            .find(|kind| kind.name() == text)
+    }
+}
+
+/// The largest body of a `POST /v1/agent/canaries/{id}/proof` (16 rows of a 4096² product per
+/// GPU, up to 16 GPUs, as JSON numbers).
+pub const CANARY_PROOF_BODY_BYTES_MAX: usize = 8 * 1024 * 1024;
+
 /// A known-answer benchmark the coordinator orders on a node (docs/trust-policy.md § 3).
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
 pub struct CanaryOrder {
     pub id: i64,
+    /// hash (the default, for coordinators that do not say) or matmul.
+    #[serde(default)]
+    pub kind: CanaryKind,
     pub seed: String,
-    /// Work units per GPU (`trust::canary`).
+    /// Work units per GPU (`trust::canary`); for a matmul canary, the product's size n.
     pub units: u64,
     /// The GPU indexes to run on (idle when ordered).
     pub gpus: Vec<u8>,
@@ -592,11 +631,55 @@ pub struct SignedCanaryResult {
 /// What the coordinator found in a canary's result.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
 pub struct CanaryAccepted {
-    /// passed, wrong_answer or slow.
+    /// passed, wrong_answer or slow; `challenged` for a matmul canary's result, whose finding
+    /// comes with its proof.
     pub finding: String,
     /// The fraud this result proved (docs/trust-policy.md § 3), if it did.
     #[serde(default)]
     pub fraud: Option<String>,
+    /// A matmul canary's challenge: the rows of each GPU's product to reveal, with their Merkle
+    /// paths, in `POST /v1/agent/canaries/{id}/proof`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub challenge: Option<CanaryChallenge>,
+    /// Why a matmul canary's finding is what it is, in words (a hash canary's is in its view).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The rows a matmul canary's challenge asks for, per GPU.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct CanaryChallenge {
+    pub gpus: Vec<CanaryChallengeRows>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct CanaryChallengeRows {
+    pub gpu: u8,
+    /// Row indexes of the GPU's product, ascending; the proof gives them in this order.
+    pub rows: Vec<u32>,
+}
+
+/// A matmul canary's proof: the rows its challenge asked for, per GPU in the order's GPU order.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CanaryProof {
+    pub gpus: Vec<CanaryGpuOpenings>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CanaryGpuOpenings {
+    pub gpu: u8,
+    pub rows: Vec<CanaryRowOpening>,
+}
+
+/// One row of a GPU's product, with its Merkle path (sibling hashes from the leaf up, hex).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CanaryRowOpening {
+    pub index: u32,
+    pub row: Vec<i32>,
+    pub path: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
@@ -605,12 +688,14 @@ pub struct CanaryResultBody {
     pub canary_id: i64,
     pub seed: String,
     pub units: i64,
+    /// The hash canary's answer; a matmul canary's Merkle roots, one per GPU, comma-separated.
     pub digest: String,
     pub elapsed_ms: i64,
-    /// Thousandths of a unit per second per GPU; 0 when none was measured.
+    /// Thousandths of a unit per second per GPU (a matmul canary: of a TFLOPS, the slowest
+    /// GPU's); 0 when none was measured.
     pub rate_milli: i64,
     pub memory_allocated: bool,
-    /// `simulated:MODEL`, or `cpu` when no GPU kernel ran.
+    /// `simulated:MODEL`, `cuda:DEVICE NAME`, or `cpu` when no GPU kernel ran.
     pub measured_on: String,
 }
 
@@ -619,6 +704,8 @@ pub struct CanaryResultBody {
 pub struct CanaryView {
     pub id: i64,
     pub node_id: i64,
+    /// hash or matmul.
+    pub kind: String,
     pub units: i64,
     pub gpus: Vec<u8>,
     /// The model the node claims, whose rate the run is held to.
@@ -628,6 +715,8 @@ pub struct CanaryView {
     pub finished_at_us: Option<i64>,
     /// passed, wrong_answer, slow or unanswered; none while it runs.
     pub finding: Option<String>,
+    /// Why, in words (a matmul canary's failed check names the row).
+    pub reason: Option<String>,
     /// The rate used (the lower of the node's and the coordinator's clock), thousandths of a
     /// unit per second per GPU, and the rate the claimed model gives.
     pub rate_milli: Option<i64>,

@@ -273,6 +273,20 @@ async fn launch<E: agent::exec::Executor>(
     let simulated = inventory.simulated;
     let (model, count) = (inventory.model.clone(), inventory.gpus.len());
     let runtimes = executor.runtimes().join(" and ");
+    let mut config = config;
+    // The matmul canary where CUDA and cuBLAS load and see the GPUs; the hash canary elsewhere.
+    if !simulated && config.matmul_device.is_none() {
+        config.matmul_device = match agent::matmul::probe_cuda() {
+            Ok(devices) => {
+                tracing::info!(devices, "the matmul canary runs on CUDA");
+                Some(agent::matmul::MatmulDevice::Cuda)
+            }
+            Err(error) => {
+                tracing::info!(%error, "no matmul canary on this node; the hash canary stays");
+                None
+            }
+        };
+    }
     let agent = agent::Agent::start(config, inventory, executor)
         .await
         .context("starting the agent")?;
@@ -382,6 +396,7 @@ fn agent_config(
         guard_program: Some(std::env::current_exe().context("finding the fallow binary, for the replicas' guards")?),
         // This binary again, as `fallow canary run` for the coordinator's canary orders.
         canary_program: Some(std::env::current_exe().context("finding the fallow binary, for canaries")?),
+        matmul_device: None,
         topology: agent::NodeTopology::default(),
         // Encrypted where this host can (gocryptfs and /dev/fuse), plain otherwise, said once.
         scratch_encryption: agent::ScratchEncryption::Auto,

@@ -598,6 +598,7 @@ fn fleet_registrations(nodes: usize, seed: u64, keys: &[NodeKey]) -> Vec<NodeReg
                 ..PolicyDoc::default()
             },
             runtimes: Vec::new(),
+            canary_kinds: Vec::new(),
             advertise_addr: String::new(),
             gang_ports: String::new(),
             nvlink_source: String::new(),

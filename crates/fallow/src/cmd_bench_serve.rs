@@ -297,6 +297,7 @@ fn registration(key: &NodeKey, index: usize) -> NodeRegistration {
         longitude: 0.0,
         simulated: true,
         runtimes: Vec::new(),
+        canary_kinds: Vec::new(),
         advertise_addr: String::new(),
         gang_ports: String::new(),
         nvlink_source: String::new(),

@@ -1,7 +1,7 @@
-//! `fallow canary`: the real binary runs canary orders (on the CPU and on simulated devices),
-//! refuses bad flags in words, and builds its container variant, whose run gives the same
-//! answer. Without Docker the container test prints SKIPPED; with `FALLOW_CI_REQUIRE_SERVICES=1`
-//! it fails instead.
+//! `fallow canary`: the real binary runs canary orders (on the CPU and on simulated devices, and
+//! the matmul canary on its CPU reference), refuses bad flags in words, and builds its container
+//! variant, whose run gives the same answer. Without Docker the container test prints SKIPPED;
+//! with `FALLOW_CI_REQUIRE_SERVICES=1` it fails instead.
 
 use std::process::{Command, Output, Stdio};
 
@@ -198,4 +198,103 @@ fn the_container_variant_gives_the_same_answer() {
         trust::canary::answer("cli-seed", &[0, 1], 20).as_str()
     );
     assert_eq!(result["measured_on"], "simulated:H100-SXM5");
+}
+
+/// The matmul canary on the CPU reference (no GPU here): one line with a Merkle root per GPU,
+/// its own check passes, the kept products answer a challenge that `trust::matmul` verifies,
+/// and a machine without CUDA says so in words.
+#[test]
+fn the_matmul_canary_commits_checks_itself_and_reveals_rows() {
+    let dir = std::env::temp_dir().join(format!("fallow-canary-matmul-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_text = dir.to_str().expect("a UTF-8 temporary directory");
+    let run = [
+        "run",
+        "--kind",
+        "matmul",
+        "--device",
+        "cpu-reference",
+        "--n",
+        "64",
+        "--seed",
+        "cli-seed",
+        "--gpus",
+        "2,0",
+        "--self-check",
+        "--product-dir",
+        dir_text,
+    ];
+    let line = output_line(&canary(&[], &run));
+    assert_eq!(line["measured_on"], "cpu-reference", "{line}");
+    let roots: Vec<String> = line["digest"]
+        .as_str()
+        .unwrap()
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    assert_eq!(roots.len(), 2, "one root per GPU, in the order's order: {line}");
+
+    let challenge = [7u8; 32];
+    let gpu_challenge = trust::matmul::gpu_challenge(&challenge, 0);
+    let rows = trust::matmul::challenge_rows(&gpu_challenge, 64);
+    let rows_text = rows.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let reveal = canary(
+        &[],
+        &[
+            "reveal",
+            "--n",
+            "64",
+            "--gpus",
+            "0",
+            "--rows",
+            &rows_text,
+            "--product-dir",
+            dir_text,
+        ],
+    );
+    assert!(reveal.status.success(), "{}", String::from_utf8_lossy(&reveal.stderr));
+    let revealed: Value = serde_json::from_slice(&reveal.stdout).expect("JSON");
+    let openings: Vec<trust::matmul::RowOpening> =
+        serde_json::from_value(revealed[0]["rows"].clone()).expect("the rows with their paths");
+    let seed = trust::matmul::gpu_seed("cli-seed", 0);
+    assert_eq!(
+        trust::matmul::verify(&seed, 64, &roots[1], &gpu_challenge, &openings),
+        Ok(()),
+        "GPU 0's rows prove its root, the second of the digest"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let refused = canary(
+        &[],
+        &["run", "--kind", "matmul", "--n", "64", "--seed", "s", "--gpus", "0"],
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    if !refused.status.success() {
+        assert!(
+            stderr.contains("CUDA") || stderr.contains("cuBLAS") || stderr.contains("GPU 0"),
+            "{stderr}"
+        );
+    }
+    let refused = canary(
+        &[],
+        &[
+            "run",
+            "--kind",
+            "matmul",
+            "--device",
+            "cpu-reference",
+            "--n",
+            "100",
+            "--seed",
+            "s",
+            "--gpus",
+            "0",
+        ],
+    );
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("power of two"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
 }

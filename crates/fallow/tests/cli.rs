@@ -115,6 +115,7 @@ async fn register_node(provider: &User<'_>, name: &str) -> i64 {
         longitude: 0.0,
         simulated: true,
         runtimes: Vec::new(),
+        canary_kinds: Vec::new(),
         advertise_addr: String::new(),
         gang_ports: String::new(),
         nvlink_source: String::new(),

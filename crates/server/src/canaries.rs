@@ -2,10 +2,14 @@
 //! the times the rules give, heartbeat answers on any replica carry them to their nodes, and
 //! the node's signed result is checked against the recomputed answer and the claimed GPU
 //! model's rate. Two failures of a kind in a row prove fraud (`fraud::prove`).
+//!
+//! Nodes whose agents run CUDA get the matmul canary (`trust::matmul`) instead: their signed
+//! result commits to each GPU's product by a Merkle root, the coordinator answers it with a
+//! challenge drawn then, and the finding comes with the proof (`take_proof`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use api::{CanaryAccepted, CanaryOrder, SignedCanaryResult};
+use api::{CanaryAccepted, CanaryKind, CanaryOrder, CanaryProof, SignedCanaryResult};
 use model::GpuCatalog;
 use store::{CanaryRow, NewCanary, NodeRecord};
 use trust::canary::CanaryResult;
@@ -50,9 +54,14 @@ fn gpus_of(canary: &CanaryRow) -> Vec<u8> {
     serde_json::from_str(&canary.canary.gpus).unwrap_or_default()
 }
 
+fn kind_of(canary: &CanaryRow) -> CanaryKind {
+    CanaryKind::parse(&canary.canary.kind).unwrap_or_default()
+}
+
 fn order_of(canary: &CanaryRow) -> CanaryOrder {
     CanaryOrder {
         id: canary.id,
+        kind: kind_of(canary),
         seed: canary.canary.seed.clone(),
         units: u64::try_from(canary.canary.units).unwrap_or(0),
         gpus: gpus_of(canary),
@@ -68,14 +77,16 @@ fn new_seed() -> String {
 }
 
 /// A canary for a node claiming `gpu_model`, on `gpus` (its idle ones): the work the claimed
-/// model does in `canary_seconds`, 90 % of its memory on each GPU. `None` for an unknown model
-/// or no idle GPU.
+/// model does in `canary_seconds`, 90 % of its memory on each GPU. With `matmul` (its agent runs
+/// CUDA) and an NVIDIA model, the matmul canary: a product of `canary_matmul_n` per GPU, held to
+/// the model's dense BF16 TFLOPS. `None` for an unknown model or no idle GPU.
 fn new_canary(
     state: &AppState,
     node_id: i64,
     gpu_model: &str,
     fingerprint: &str,
     gpus: Vec<u8>,
+    matmul: bool,
     now: i64,
 ) -> Option<NewCanary> {
     let catalog = GpuCatalog::embedded();
@@ -83,7 +94,21 @@ fn new_canary(
     if gpus.is_empty() {
         return None;
     }
-    let units = trust::canary::units_for(state.config.canary_seconds, spec.cu_milli);
+    let kind = if matmul && spec.vendor == "NVIDIA" {
+        CanaryKind::Matmul
+    } else {
+        CanaryKind::Hash
+    };
+    let (units, expected_rate_milli) = match kind {
+        CanaryKind::Hash => (
+            trust::canary::units_for(state.config.canary_seconds, spec.cu_milli),
+            trust::canary::expected_rate_milli(spec.cu_milli),
+        ),
+        CanaryKind::Matmul => (
+            state.config.canary_matmul_n,
+            trust::matmul::expected_rate_milli_tflops(spec.dense_tflops),
+        ),
+    };
     // A run at the slow line takes this long; the deadline leaves it that and the slack.
     let slow_run_us = i64::try_from(
         state.config.canary_seconds.saturating_mul(1_000_000) * 1000 / u64::from(rules::CANARY_SLOW_PERMILLE),
@@ -95,12 +120,13 @@ fn new_canary(
         .saturating_add(DEADLINE_SLACK_US);
     Some(NewCanary {
         node_id,
+        kind: kind.name().to_string(),
         seed: new_seed(),
         units: i64::try_from(units).unwrap_or(i64::MAX),
         gpus: serde_json::to_string(&gpus).expect("indexes serialise"),
         memory_mib: i64::from(spec.memory_mib) * i64::from(rules::CANARY_MEMORY_PERMILLE) / 1000,
         claimed_model: spec.name.clone(),
-        expected_rate_milli: i64::try_from(trust::canary::expected_rate_milli(spec.cu_milli)).unwrap_or(i64::MAX),
+        expected_rate_milli: i64::try_from(expected_rate_milli).unwrap_or(i64::MAX),
         fingerprint: fingerprint.to_string(),
         created_at: now,
         deadline_at: deadline,
@@ -132,7 +158,16 @@ pub async fn order(state: &AppState, node: &NodeRecord, now: i64) -> ApiResult<O
     let gpus: Vec<u8> = (0..node.node.gpu_count.clamp(0, 16) as u8)
         .filter(|gpu| busy & (1 << gpu) == 0)
         .collect();
-    let Some(canary) = new_canary(state, node.id, &node.node.gpu_model, &node.node.fingerprint, gpus, now) else {
+    let matmul = !node.node.simulated && runs_matmul(&state.store.node_canary_kinds(node.id).await?);
+    let Some(canary) = new_canary(
+        state,
+        node.id,
+        &node.node.gpu_model,
+        &node.node.fingerprint,
+        gpus,
+        matmul,
+        now,
+    ) else {
         return Ok(None);
     };
     Ok(insert(state, &[canary]).await?.first().copied())
@@ -196,6 +231,7 @@ pub async fn schedule(state: &AppState, step_us: i64, now: i64) -> ApiResult<()>
         .collect();
     let now_ms = now / 1000;
     let within_ms = i64::try_from(state.config.canary_within_ms).unwrap_or(i64::MAX);
+    let matmul_nodes: HashSet<i64> = state.store.nodes_with_canary_kind(CanaryKind::Matmul.name()).await?;
     let mut draws = Draws::new();
     let mut due = Vec::new();
     let mut gave_way = Vec::new();
@@ -253,6 +289,7 @@ pub async fn schedule(state: &AppState, step_us: i64, now: i64) -> ApiResult<()>
                 &node.node.gpu_model,
                 &node.node.fingerprint,
                 idle,
+                !node.node.simulated && matmul_nodes.contains(&node.id),
                 now,
             ));
         }
@@ -346,6 +383,10 @@ pub async fn take_result(state: &AppState, node_id: i64, signed: &SignedCanaryRe
         .node(node_id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("node {node_id} not found")))?;
+    let body_json = serde_json::to_string(body).map_err(|error| ApiError::Internal(error.to_string()))?;
+    if kind_of(&canary) == CanaryKind::Matmul {
+        return challenge(state, &node, &canary, body, (&body_json, &signed.signature_hex), now).await;
+    }
     let (seed, gpus, units) = (
         canary.canary.seed.clone(),
         gpus_of(&canary),
@@ -363,13 +404,268 @@ pub async fn take_result(state: &AppState, node_id: i64, signed: &SignedCanaryRe
         memory_allocated: body.memory_allocated,
     };
     let finding = run.finding();
+    let reason = reason_of(&canary, &run, finding, rules::CANARY_SLOW_PERMILLE, "units/s");
+    conclude(
+        state,
+        &node,
+        &canary,
+        finding,
+        rate,
+        Some((&body_json, &signed.signature_hex)),
+        reason,
+        now,
+    )
+    .await
+}
+
+/// Why a finding is what it is, in words a provider can act on; none for a pass.
+fn reason_of(
+    canary: &CanaryRow,
+    run: &CanaryRun,
+    finding: CanaryFinding,
+    slow_permille: u32,
+    unit: &str,
+) -> Option<String> {
+    match finding {
+        CanaryFinding::Passed => None,
+        CanaryFinding::WrongAnswer => Some("the answer is not the known one".to_string()),
+        CanaryFinding::Slow if !run.memory_allocated => Some(format!(
+            "a GPU could not allocate {} MiB, {} ‰ of the claimed {}'s memory",
+            canary.canary.memory_mib,
+            rules::CANARY_MEMORY_PERMILLE,
+            canary.canary.claimed_model
+        )),
+        CanaryFinding::Slow => Some(format!(
+            "{:.1} {unit} per GPU, under {:.1} % of the claimed {}'s {:.1}",
+            run.rate as f64 / 1000.0,
+            f64::from(slow_permille) / 10.0,
+            canary.canary.claimed_model,
+            run.expected_rate as f64 / 1000.0
+        )),
+    }
+}
+
+/// A matmul canary's committed result: its shape is checked (one Merkle root per GPU), a
+/// challenge is drawn now, from the coordinator's random source, and stored with the signed
+/// result; the answer names the rows each GPU must reveal. A result of the wrong shape is a
+/// wrong answer at once.
+async fn challenge(
+    state: &AppState,
+    node: &NodeRecord,
+    canary: &CanaryRow,
+    body: &api::CanaryResultBody,
+    result: (&str, &str),
+    now: i64,
+) -> ApiResult<CanaryAccepted> {
+    let gpus = gpus_of(canary);
+    let roots: Vec<&str> = body.digest.split(',').collect();
+    let well_formed = roots.len() == gpus.len()
+        && roots
+            .iter()
+            .all(|root| root.len() == 64 && root.bytes().all(|byte| byte.is_ascii_hexdigit()));
+    if !well_formed {
+        let reason = format!(
+            "the digest must list {} Merkle roots (64 hex characters each, comma-separated), one per GPU",
+            gpus.len()
+        );
+        return conclude(
+            state,
+            node,
+            canary,
+            CanaryFinding::WrongAnswer,
+            Some(body.rate_milli.max(0)),
+            Some(result),
+            Some(reason),
+            now,
+        )
+        .await;
+    }
+    // The same result again (its answer was lost on the way): the same challenge again.
+    if let Some(stored) = &canary.challenge {
+        let mut seed = [0u8; trust::matmul::CHALLENGE_SEED_BYTES];
+        if canary.result.as_deref() == Some(result.0) && hex::decode_to_slice(stored, &mut seed).is_ok() {
+            return Ok(challenged(canary, &gpus, &seed));
+        }
+        return Err(ApiError::Conflict(format!(
+            "canary {} was answered already with another result; a result is taken once",
+            canary.id
+        )));
+    }
+    let seed = trust::matmul::new_challenge_seed();
+    let taken = {
+        let _turn = state.writer_turn().await;
+        state
+            .store
+            .challenge_canary(canary.id, &hex::encode(seed), result, body.rate_milli.max(0), now)
+            .await?
+    };
+    if !taken {
+        return Err(ApiError::Conflict(format!(
+            "canary {} was answered meanwhile; a result is taken once",
+            canary.id
+        )));
+    }
+    tracing::info!(
+        node = node.id,
+        canary = canary.id,
+        "matmul canary committed; challenged"
+    );
+    Ok(challenged(canary, &gpus, &seed))
+}
+
+/// The answer that carries a matmul canary's challenge: the rows each GPU must reveal.
+fn challenged(canary: &CanaryRow, gpus: &[u8], seed: &[u8; trust::matmul::CHALLENGE_SEED_BYTES]) -> CanaryAccepted {
+    let n = usize::try_from(canary.canary.units).unwrap_or(0);
+    let challenge = api::CanaryChallenge {
+        gpus: gpus
+            .iter()
+            .map(|gpu| api::CanaryChallengeRows {
+                gpu: *gpu,
+                rows: trust::matmul::challenge_rows(&trust::matmul::gpu_challenge(seed, *gpu), n),
+            })
+            .collect(),
+    };
+    CanaryAccepted {
+        finding: "challenged".to_string(),
+        fraud: None,
+        challenge: Some(challenge),
+        reason: None,
+    }
+}
+
+/// `POST /v1/agent/canaries/{id}/proof`: a matmul canary's proof. The rows must be those its
+/// challenge asked for, in order, for every GPU of the order (else it is refused, and may be
+/// sent again until the deadline); each must lead to the committed root and pass Freivalds'
+/// check (else a wrong answer); then the node's measured rate is held to the claimed model's.
+pub async fn take_proof(
+    state: &AppState,
+    node_id: i64,
+    canary_id: i64,
+    proof: &CanaryProof,
+) -> ApiResult<CanaryAccepted> {
+    let now = state.now_us();
+    let canary = match state.store.canary(canary_id).await? {
+        Some(canary) if canary.canary.node_id == node_id => canary,
+        _ => {
+            state
+                .store
+                .record_evidence(
+                    Some(node_id),
+                    "foreign_canary",
+                    &format!("proof for canary {canary_id}"),
+                    now,
+                )
+                .await?;
+            return Err(ApiError::Forbidden(format!(
+                "canary {canary_id} was not ordered on node {node_id}; the attempt is recorded"
+            )));
+        }
+    };
+    if let Some(finding) = &canary.finding {
+        return Err(ApiError::Conflict(format!(
+            "canary {canary_id} is over already ({finding}); a proof is taken once, by its deadline"
+        )));
+    }
+    let Some(challenge_hex) = canary.challenge.clone() else {
+        return Err(ApiError::Conflict(format!(
+            "canary {canary_id} has no challenge: send its signed result to POST /v1/agent/canaries first"
+        )));
+    };
+    let mut challenge = [0u8; trust::matmul::CHALLENGE_SEED_BYTES];
+    hex::decode_to_slice(&challenge_hex, &mut challenge)
+        .map_err(|error| ApiError::Internal(format!("canary {canary_id}'s stored challenge: {error}")))?;
+    let body: api::CanaryResultBody = canary
+        .result
+        .as_deref()
+        .and_then(|text| serde_json::from_str(text).ok())
+        .ok_or_else(|| ApiError::Internal(format!("canary {canary_id}'s stored result cannot be read")))?;
+    let gpus = gpus_of(&canary);
+    let given: Vec<u8> = proof.gpus.iter().map(|openings| openings.gpu).collect();
+    if given != gpus {
+        return Err(ApiError::BadRequest(format!(
+            "the proof must give the GPUs {gpus:?}, in that order, not {given:?}"
+        )));
+    }
+    let checks: Vec<(String, String, Vec<trust::matmul::RowOpening>, u8)> = proof
+        .gpus
+        .iter()
+        .zip(body.digest.split(','))
+        .map(|(openings, root)| {
+            let rows = openings
+                .rows
+                .iter()
+                .map(|opening| trust::matmul::RowOpening {
+                    index: opening.index,
+                    row: opening.row.clone(),
+                    path: opening.path.clone(),
+                })
+                .collect();
+            (
+                trust::matmul::gpu_seed(&canary.canary.seed, openings.gpu),
+                root.to_string(),
+                rows,
+                openings.gpu,
+            )
+        })
+        .collect();
+    let n = u64::try_from(canary.canary.units).unwrap_or(0);
+    let checked = tokio::task::spawn_blocking(move || {
+        for (seed, root, rows, gpu) in &checks {
+            trust::matmul::verify(seed, n, root, &trust::matmul::gpu_challenge(&challenge, *gpu), rows)
+                .map_err(|error| (*gpu, error))?;
+        }
+        Ok::<(), (u8, trust::matmul::MatmulError)>(())
+    })
+    .await
+    .map_err(|error| ApiError::Internal(format!("checking the canary's proof: {error}")))?;
+    let node = state
+        .store
+        .node(node_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("node {node_id} not found")))?;
+    let rate = body.rate_milli.max(0);
+    let (finding, reason) = match checked {
+        Err((gpu, error @ (trust::matmul::MatmulError::Malformed(_) | trust::matmul::MatmulError::BadSize(_)))) => {
+            return Err(ApiError::BadRequest(format!("canary {canary_id}, GPU {gpu}: {error}")));
+        }
+        Err((gpu, error)) => (CanaryFinding::WrongAnswer, Some(format!("GPU {gpu}: {error}"))),
+        Ok(()) => {
+            let run = CanaryRun {
+                expected_digest: String::new(),
+                returned_digest: String::new(),
+                rate: rate as u64,
+                expected_rate: canary.canary.expected_rate_milli.max(0) as u64,
+                memory_allocated: body.memory_allocated,
+            };
+            let finding = run.finding_at(rules::MATMUL_SLOW_PERMILLE);
+            let reason = reason_of(&canary, &run, finding, rules::MATMUL_SLOW_PERMILLE, "TFLOPS");
+            (finding, reason)
+        }
+    };
+    conclude(state, &node, &canary, finding, Some(rate), None, reason, now).await
+}
+
+/// Records a canary's finding (with the signed result when it is not stored yet, and why) and
+/// what follows from it: the node's outcome, a cordon lifted by a pass on its current hardware,
+/// fraud proven by a row of failures.
+#[allow(clippy::too_many_arguments)]
+async fn conclude(
+    state: &AppState,
+    node: &NodeRecord,
+    canary: &CanaryRow,
+    finding: CanaryFinding,
+    rate: Option<i64>,
+    result: Option<(&str, &str)>,
+    reason: Option<String>,
+    now: i64,
+) -> ApiResult<CanaryAccepted> {
+    let node_id = node.id;
     let name = finding.name();
-    let body_json = serde_json::to_string(body).map_err(|error| ApiError::Internal(error.to_string()))?;
     let finished = {
         let _turn = state.writer_turn().await;
         state
             .store
-            .finish_canary(canary.id, name, rate, Some((&body_json, &signed.signature_hex)), now)
+            .finish_canary(canary.id, name, rate, result, reason.as_deref(), now)
             .await?
     };
     if !finished {
@@ -384,7 +680,7 @@ pub async fn take_result(state: &AppState, node_id: i64, signed: &SignedCanaryRe
         rules::Outcome::CanaryFailed
     };
     state.store.record_outcome(node_id, outcome.name(), now).await?;
-    tracing::info!(node = node_id, canary = canary.id, finding = name, rate_milli = ?rate, "canary answered");
+    tracing::info!(node = node_id, canary = canary.id, finding = name, rate_milli = ?rate, reason = ?reason, "canary answered");
     let mut fraud = None;
     if finding == CanaryFinding::Passed {
         if node.fraud_cordoned_at.is_some() && canary.canary.fingerprint == node.node.fingerprint {
@@ -394,15 +690,15 @@ pub async fn take_result(state: &AppState, node_id: i64, signed: &SignedCanaryRe
             );
             state.store.lift_fraud_cordon(node_id, now).await?;
         }
-    } else if let Some((proven, row)) = proof(state, &node).await? {
+    } else if let Some((proven, row)) = proof(state, node).await? {
         let first = row.first().map_or(canary.id, |canary| canary.id);
-        let since = canary_evidence_since(state, &node, first).await?;
+        let since = canary_evidence_since(state, node, first).await?;
         let evidence = serde_json::json!({
             "rule": format!("{} of {}: {} canaries of the same failure in a row", proven.section(), rules::POLICY_DOCUMENT, rules::CANARY_FAILURES_TO_PROVE),
             "canaries": row.iter().map(evidence_of).collect::<Vec<_>>(),
         });
         let key = format!("canary-{first}");
-        if crate::fraud::prove(state, &node, proven, evidence, since, key, now)
+        if crate::fraud::prove(state, node, proven, evidence, since, key, now)
             .await?
             .is_some()
         {
@@ -415,6 +711,9 @@ pub async fn take_result(state: &AppState, node_id: i64, signed: &SignedCanaryRe
     Ok(CanaryAccepted {
         finding: name.to_string(),
         fraud,
+        challenge: None,
+        // The hash canary's answer stays as it was; its reason is in the canary's view.
+        reason: reason.filter(|_| kind_of(canary) == CanaryKind::Matmul),
     })
 }
 
@@ -481,12 +780,15 @@ async fn canary_evidence_since(state: &AppState, node: &NodeRecord, first: i64) 
 pub fn evidence_of(canary: &CanaryRow) -> serde_json::Value {
     serde_json::json!({
         "canary_id": canary.id,
+        "kind": canary.canary.kind,
         "claimed_model": canary.canary.claimed_model,
         "units": canary.canary.units,
         "gpus": gpus_of(canary),
         "expected_rate_milli": canary.canary.expected_rate_milli,
         "rate_milli": canary.rate_milli,
         "finding": canary.finding,
+        "reason": canary.reason,
+        "challenge": canary.challenge,
         "fingerprint": canary.canary.fingerprint,
         "ordered_at_us": canary.canary.created_at,
         "delivered_at_us": canary.delivered_at,
@@ -501,6 +803,7 @@ pub fn view_of(canary: &CanaryRow) -> api::CanaryView {
     api::CanaryView {
         id: canary.id,
         node_id: canary.canary.node_id,
+        kind: canary.canary.kind.clone(),
         units: canary.canary.units,
         gpus: gpus_of(canary),
         claimed_model: canary.canary.claimed_model.clone(),
@@ -508,6 +811,7 @@ pub fn view_of(canary: &CanaryRow) -> api::CanaryView {
         delivered_at_us: canary.delivered_at,
         finished_at_us: canary.finished_at,
         finding: canary.finding.clone(),
+        reason: canary.reason.clone(),
         rate_milli: canary.rate_milli,
         expected_rate_milli: canary.canary.expected_rate_milli,
         result: canary
@@ -516,4 +820,9 @@ pub fn view_of(canary: &CanaryRow) -> api::CanaryView {
             .and_then(|text| serde_json::from_str(text).ok()),
         signature_hex: canary.signature.clone(),
     }
+}
+
+/// Whether a node's stored canary kinds (comma-separated) include matmul.
+fn runs_matmul(kinds: &str) -> bool {
+    kinds.split(',').any(|kind| kind == CanaryKind::Matmul.name())
 }

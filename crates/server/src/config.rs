@@ -57,6 +57,9 @@ pub struct Config {
     pub canary_seconds: u64,
     pub canary_within_ms: u64,
     pub canary_check_every_ms: u64,
+    /// The matmul canary's product size n (`trust::matmul::N_DEFAULT`; smaller in tests, where
+    /// the agent's CPU reference stands in for the GPU).
+    pub canary_matmul_n: u64,
     pub matcher: MatcherConfig,
     /// A rebuilt view that cannot hold a stored live lease fails the reconcile pass (tests),
     /// instead of cordoning the lease's node and carrying on (a running coordinator).
@@ -116,6 +119,7 @@ impl Default for Config {
             canary_seconds: 30,
             canary_within_ms: trust::rules::CANARY_WITHIN_MS as u64,
             canary_check_every_ms: 10_000,
+            canary_matmul_n: trust::matmul::N_DEFAULT,
             matcher: MatcherConfig::default(),
             strict_view: false,
             reconcile: true,

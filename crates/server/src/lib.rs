@@ -120,6 +120,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/agent/usage", post(routes::report_usage))
         .route("/v1/agent/attestations", post(routes::attest))
         .route("/v1/agent/canaries", post(routes::canary_result))
+        .route(
+            "/v1/agent/canaries/{id}/proof",
+            post(routes::canary_proof).layer(DefaultBodyLimit::max(api::CANARY_PROOF_BODY_BYTES_MAX)),
+        )
         .route("/v1/trust", get(routes::trust))
         .route("/v1/frauds", get(routes::frauds))
         .route("/v1/provider/bond", post(routes::post_bond))

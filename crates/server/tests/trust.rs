@@ -766,3 +766,284 @@ async fn a_changed_hardware_fingerprint_is_verified_again_by_a_canary() {
     })
     .await;
 }
+
+/// The matmul canary's size in these tests: the test computes the products on the CPU (as the
+/// agent's CPU reference does), standing in for the GPU.
+const MATMUL_N: u64 = 64;
+/// An H100 SXM5's dense BF16 figure in thousandths of a TFLOPS: the matmul canary's rate.
+const H100_TFLOPS_MILLI: i64 = 989_400;
+
+fn matmul_config(config: &mut server::Config) {
+    trust_config(config);
+    config.canary_matmul_n = MATMUL_N;
+}
+
+/// A node whose agent says it runs the matmul canary (CUDA and cuBLAS loaded).
+async fn matmul_node(h: &Harness, provider: &Account, name: &str) -> Agent {
+    h.node(provider, name, |registration| {
+        registration["canary_kinds"] = json!(["matmul"]);
+    })
+    .await
+}
+
+/// Each GPU's product of a matmul order, computed here; `tamper` may change it before the
+/// commitment.
+fn products(order: &Value, tamper: impl Fn(&mut Vec<i32>)) -> Vec<(u8, Vec<i32>)> {
+    let seed = order["seed"].as_str().expect("seed");
+    let n = order["units"].as_u64().expect("n") as usize;
+    let gpus: Vec<u8> = serde_json::from_value(order["gpus"].clone()).expect("gpus");
+    gpus.into_iter()
+        .map(|gpu| {
+            let gpu_seed = trust::matmul::gpu_seed(seed, gpu);
+            let mut c = trust::matmul::cpu_product(
+                &trust::matmul::a_matrix(&gpu_seed, n),
+                &trust::matmul::b_matrix(&gpu_seed, n),
+                n,
+            );
+            tamper(&mut c);
+            (gpu, c)
+        })
+        .collect()
+}
+
+/// The signed result committing to `products`, at `rate_milli` thousandths of a TFLOPS.
+fn matmul_result(agent: &Agent, order: &Value, products: &[(u8, Vec<i32>)], rate_milli: i64) -> Value {
+    let n = order["units"].as_u64().expect("n") as usize;
+    let roots: Vec<String> = products
+        .iter()
+        .map(|(_, c)| trust::matmul::MerkleTree::of_product(c, n).expect("a tree").root_hex())
+        .collect();
+    let body = trust::canary::CanaryResult {
+        canary_id: order["id"].as_i64().expect("id"),
+        seed: order["seed"].as_str().expect("seed").to_string(),
+        units: n as i64,
+        digest: roots.join(","),
+        elapsed_ms: 10,
+        rate_milli,
+        memory_allocated: true,
+        measured_on: "cuda:NVIDIA H100 80GB HBM3".to_string(),
+    };
+    serde_json::to_value(trust::sign_record(&agent.key, agent.node_id, &body)).expect("serialises")
+}
+
+/// The proof of `products` for the challenge the coordinator answered with.
+fn proof(order: &Value, products: &[(u8, Vec<i32>)], accepted: &Value) -> Value {
+    let n = order["units"].as_u64().expect("n") as usize;
+    let asked = accepted["challenge"]["gpus"].as_array().expect("a challenge");
+    let gpus: Vec<Value> = asked
+        .iter()
+        .map(|asked| {
+            let gpu = asked["gpu"].as_u64().expect("gpu") as u8;
+            let rows: Vec<u32> = serde_json::from_value(asked["rows"].clone()).expect("rows");
+            let (_, c) = products.iter().find(|(g, _)| *g == gpu).expect("the GPU's product");
+            let tree = trust::matmul::MerkleTree::of_product(c, n).expect("a tree");
+            let openings = trust::matmul::open_rows(c, n, &tree, &rows).expect("the rows");
+            json!({"gpu": gpu, "rows": openings})
+        })
+        .collect();
+    json!({ "gpus": gpus })
+}
+
+async fn send_proof(agent: &Agent, order: &Value, proof: &Value) -> common::Reply {
+    let path = format!("/v1/agent/canaries/{}/proof", order["id"]);
+    agent.signed("POST", &path, Some(proof)).await
+}
+
+/// The node's latest canary as its provider sees it.
+async fn latest_canary(h: &Harness, provider: &Account, agent: &Agent) -> Value {
+    let canaries = h
+        .get(&provider.key, &format!("/v1/nodes/{}/canaries", agent.node_id))
+        .await
+        .expect(200, "the node's canaries");
+    canaries[0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_matmul_canary_is_committed_challenged_and_proven_row_by_row() {
+    on_every_backend_with(matmul_config, async |h: &Harness| {
+        let provider = h.provider("cuda-farm").await;
+        let gpu_node = matmul_node(h, &provider, "cuda").await;
+        let plain = h.node(&provider, "plain", |_| {}).await;
+        let simulated = h
+            .node(&provider, "simulated", |registration| {
+                registration["canary_kinds"] = json!(["matmul"]);
+                registration["simulated"] = json!(true);
+            })
+            .await;
+        let mut odd = common::node_registration(&trust::NodeKey::generate(), "odd-kinds");
+        odd["canary_kinds"] = json!(["quantum"]);
+        let message = h
+            .post(&provider.key, "/v1/nodes", odd)
+            .await
+            .refused(400, "an unknown kind");
+        assert!(message.contains("canary_kinds"), "{}: {message}", h.backend);
+
+        // Agents without CUDA, and simulated devices, keep the hash canary.
+        for agent in [&plain, &simulated] {
+            let order = next_canary(h, agent, &[]).await;
+            assert_eq!(order["kind"], "hash", "{}: {order}", h.backend);
+        }
+
+        // The CUDA node: a product per GPU, committed, then challenged.
+        let order = next_canary(h, &gpu_node, &[]).await;
+        assert_eq!(
+            (&order["kind"], &order["units"]),
+            (&json!("matmul"), &json!(MATMUL_N)),
+            "{}: {order}",
+            h.backend
+        );
+        let honest = products(&order, |_| {});
+        let accepted = answer(
+            &gpu_node,
+            &matmul_result(&gpu_node, &order, &honest, H100_TFLOPS_MILLI * 7 / 10),
+        )
+        .await
+        .expect(200, "the committed result");
+        assert_eq!(accepted["finding"], "challenged", "{}: {accepted}", h.backend);
+        let asked = accepted["challenge"]["gpus"].as_array().expect("a challenge");
+        assert_eq!(asked.len(), 8, "{}: every GPU is challenged", h.backend);
+        assert_eq!(
+            asked[0]["rows"].as_array().map(Vec::len),
+            Some(trust::matmul::CHALLENGE_ROWS),
+            "{}",
+            h.backend
+        );
+        let open = latest_canary(h, &provider, &gpu_node).await;
+        assert_eq!(
+            (&open["kind"], &open["finding"]),
+            (&json!("matmul"), &Value::Null),
+            "{}: open until proven: {open}",
+            h.backend
+        );
+        let message = answer(&gpu_node, &matmul_result(&gpu_node, &order, &honest, H100_TFLOPS_MILLI))
+            .await
+            .refused(409, "a second, other result");
+        assert!(message.contains("once"), "{}: {message}", h.backend);
+        // The same result again (an answer lost on the way): the same challenge again.
+        let again = answer(
+            &gpu_node,
+            &matmul_result(&gpu_node, &order, &honest, H100_TFLOPS_MILLI * 7 / 10),
+        )
+        .await
+        .expect(200, "the same result again");
+        assert_eq!(again["challenge"], accepted["challenge"], "{}", h.backend);
+
+        // A proof of the wrong shape is refused, and the right one may follow.
+        let mut short = proof(&order, &honest, &accepted);
+        short["gpus"].as_array_mut().unwrap().pop();
+        let message = send_proof(&gpu_node, &order, &short)
+            .await
+            .refused(400, "a GPU missing");
+        assert!(message.contains("GPUs"), "{}: {message}", h.backend);
+        let mut cut = proof(&order, &honest, &accepted);
+        cut["gpus"][2]["rows"][0]["path"].as_array_mut().unwrap().pop();
+        let message = send_proof(&gpu_node, &order, &cut).await.refused(400, "a short path");
+        assert!(message.contains("path"), "{}: {message}", h.backend);
+        let message = send_proof(&plain, &order, &proof(&order, &honest, &accepted))
+            .await
+            .refused(403, "another node's proof");
+        assert!(message.contains("recorded"), "{}: {message}", h.backend);
+
+        let found = send_proof(&gpu_node, &order, &proof(&order, &honest, &accepted))
+            .await
+            .expect(200, "the honest proof");
+        assert_eq!(found["finding"], "passed", "{}: {found}", h.backend);
+        let message = send_proof(&gpu_node, &order, &proof(&order, &honest, &accepted))
+            .await
+            .refused(409, "a second proof");
+        assert!(message.contains("over already"), "{}: {message}", h.backend);
+        let passed = latest_canary(h, &provider, &gpu_node).await;
+        assert_eq!(
+            (
+                &passed["finding"],
+                &passed["rate_milli"],
+                &passed["expected_rate_milli"]
+            ),
+            (
+                &json!("passed"),
+                &json!(H100_TFLOPS_MILLI * 7 / 10),
+                &json!(H100_TFLOPS_MILLI)
+            ),
+            "{}: {passed}",
+            h.backend
+        );
+        // The signed result is kept for anyone to re-check.
+        let body: trust::canary::CanaryResult = serde_json::from_value(passed["result"].clone()).expect("kept");
+        let signed = trust::SignedRecord {
+            body,
+            signature_hex: passed["signature_hex"].as_str().expect("signature").to_string(),
+        };
+        trust::verify_record(&gpu_node.key.verifying_key(), gpu_node.node_id, &signed).expect("verifies");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wrong_product_or_a_slow_gpu_fails_the_matmul_canary_and_two_prove_fraud() {
+    on_every_backend_with(matmul_config, async |h: &Harness| {
+        let provider = h.provider("cuda-farm").await;
+        let wrong = matmul_node(h, &provider, "wrong").await;
+        let slow = matmul_node(h, &provider, "slow").await;
+        let shapeless = matmul_node(h, &provider, "shapeless").await;
+
+        // One wrong entry in every row: whichever rows are asked, Freivalds' check fails.
+        let order = next_canary(h, &wrong, &[]).await;
+        let bad = products(&order, |c| {
+            for row in c.chunks_exact_mut(MATMUL_N as usize) {
+                row[5] += 1;
+            }
+        });
+        let accepted = answer(&wrong, &matmul_result(&wrong, &order, &bad, H100_TFLOPS_MILLI))
+            .await
+            .expect(200, "a committed wrong product");
+        let found = send_proof(&wrong, &order, &proof(&order, &bad, &accepted))
+            .await
+            .expect(200, "its proof");
+        assert_eq!(found["finding"], "wrong_answer", "{}: {found}", h.backend);
+        let reason = found["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("Freivalds"), "{}: {reason}", h.backend);
+        let view = latest_canary(h, &provider, &wrong).await;
+        assert_eq!(view["reason"], json!(reason), "{}: the provider reads why", h.backend);
+
+        // A right product at an A100's rate (312 of 989.4 TFLOPS), claimed as an H100: slow.
+        let mut answered = Vec::new();
+        for round in 0..2 {
+            let order = next_canary(h, &slow, &answered).await;
+            answered.push(order["id"].as_i64().unwrap());
+            let honest = products(&order, |_| {});
+            let accepted = answer(&slow, &matmul_result(&slow, &order, &honest, 312_000))
+                .await
+                .expect(200, "the committed result");
+            let found = send_proof(&slow, &order, &proof(&order, &honest, &accepted))
+                .await
+                .expect(200, "its proof");
+            assert_eq!(found["finding"], "slow", "{}: round {round}: {found}", h.backend);
+            let reason = found["reason"].as_str().unwrap_or_default();
+            assert!(
+                reason.contains("TFLOPS") && reason.contains("45"),
+                "{}: {reason}",
+                h.backend
+            );
+            if round == 1 {
+                assert_eq!(
+                    found["fraud"], "false_hardware",
+                    "{}: two slow in a row: {found}",
+                    h.backend
+                );
+            }
+        }
+
+        // A digest that is not one root per GPU is a wrong answer at once, unchallenged.
+        let order = next_canary(h, &shapeless, &[]).await;
+        let honest = products(&order, |_| {});
+        let signed = matmul_result(&shapeless, &order, &honest[..1], H100_TFLOPS_MILLI);
+        let found = answer(&shapeless, &signed).await.expect(200, "a one-root digest");
+        assert_eq!(
+            (&found["finding"], &found["challenge"]),
+            (&json!("wrong_answer"), &Value::Null),
+            "{}: {found}",
+            h.backend
+        );
+    })
+    .await;
+}

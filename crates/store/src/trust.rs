@@ -11,6 +11,8 @@ use crate::{CanaryStanding, EvidenceRow, OverdueCanary, ProviderFraud, Reputatio
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewCanary {
     pub node_id: i64,
+    /// hash or matmul (`api::CanaryKind`).
+    pub kind: String,
     pub seed: String,
     pub units: i64,
     /// JSON array of GPU indexes.
@@ -33,6 +35,11 @@ pub struct CanaryRow {
     pub rate_milli: Option<i64>,
     pub result: Option<String>,
     pub signature: Option<String>,
+    /// A matmul canary's challenge seed (hex), drawn once its committed result came in, and when.
+    pub challenge: Option<String>,
+    pub challenged_at: Option<i64>,
+    /// Why the finding is what it is, in words.
+    pub reason: Option<String>,
 }
 
 /// A fraud decision to record.
@@ -57,7 +64,8 @@ pub struct FraudRow {
 }
 
 const CANARY_COLUMNS: &str = "id, node_id, seed, units, gpus, memory_mib, claimed_model, expected_rate_milli, \
-    fingerprint, created_at, deadline_at, delivered_at, finished_at, finding, rate_milli, result, signature";
+    fingerprint, created_at, deadline_at, delivered_at, finished_at, finding, rate_milli, result, signature, kind, \
+    challenge, challenged_at, reason";
 
 const FRAUD_COLUMNS: &str = "id, node_id, provider_id, kind, section, share_permille, bond_before, slashed, refunds, \
     to_platform, evidence, decided_at, ledger_key";
@@ -67,6 +75,7 @@ fn canary_from(row: &AnyRow) -> Result<CanaryRow> {
         id: row.try_get("id")?,
         canary: NewCanary {
             node_id: row.try_get("node_id")?,
+            kind: row.try_get("kind")?,
             seed: row.try_get("seed")?,
             units: row.try_get("units")?,
             gpus: row.try_get("gpus")?,
@@ -83,6 +92,9 @@ fn canary_from(row: &AnyRow) -> Result<CanaryRow> {
         rate_milli: row.try_get("rate_milli")?,
         result: row.try_get("result")?,
         signature: row.try_get("signature")?,
+        challenge: row.try_get("challenge")?,
+        challenged_at: row.try_get("challenged_at")?,
+        reason: row.try_get("reason")?,
     })
 }
 
@@ -107,7 +119,7 @@ fn fraud_from(row: &AnyRow) -> Result<FraudRow> {
 async fn insert_canary_in(db: &mut sqlx::Transaction<'_, sqlx::Any>, canary: &NewCanary) -> Result<i64> {
     let row = sqlx::query(
         "INSERT INTO canaries (node_id, seed, units, gpus, memory_mib, claimed_model, expected_rate_milli, \
-         fingerprint, created_at, deadline_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+         fingerprint, created_at, deadline_at, kind) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
     )
     .bind(canary.node_id)
     .bind(&canary.seed)
@@ -119,6 +131,7 @@ async fn insert_canary_in(db: &mut sqlx::Transaction<'_, sqlx::Any>, canary: &Ne
     .bind(&canary.fingerprint)
     .bind(canary.created_at)
     .bind(canary.deadline_at)
+    .bind(&canary.kind)
     .fetch_one(&mut **db)
     .await?;
     Ok(row.try_get("id")?)
@@ -179,28 +192,94 @@ impl Store {
         Ok(())
     }
 
-    /// Records a canary's finding; false when it had already finished.
+    /// Records a canary's finding, the signed result (body JSON, signature) when given (a
+    /// challenged matmul canary keeps the one it has) and why; false when it had already finished.
     pub async fn finish_canary(
         &self,
         id: i64,
         finding: &str,
         rate_milli: Option<i64>,
         result: Option<(&str, &str)>,
+        reason: Option<&str>,
         now: i64,
     ) -> Result<bool> {
         let done = sqlx::query(
-            "UPDATE canaries SET finished_at = $1, finding = $2, rate_milli = $3, result = $4, signature = $5 \
-             WHERE id = $6 AND finished_at IS NULL",
+            "UPDATE canaries SET finished_at = $1, finding = $2, rate_milli = $3, result = COALESCE($4, result), \
+             signature = COALESCE($5, signature), reason = $6 WHERE id = $7 AND finished_at IS NULL",
         )
         .bind(now)
         .bind(finding)
         .bind(rate_milli)
         .bind(result.map(|(body, _)| body.to_string()))
         .bind(result.map(|(_, signature)| signature.to_string()))
+        .bind(reason)
         .bind(id)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// Records a matmul canary's signed, committed result and the challenge drawn for it; false
+    /// when the canary finished or was challenged already (a result is taken once).
+    pub async fn challenge_canary(
+        &self,
+        id: i64,
+        challenge_hex: &str,
+        result: (&str, &str),
+        rate_milli: i64,
+        now: i64,
+    ) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE canaries SET challenge = $1, challenged_at = $2, result = $3, signature = $4, rate_milli = $5 \
+             WHERE id = $6 AND finished_at IS NULL AND challenge IS NULL",
+        )
+        .bind(challenge_hex)
+        .bind(now)
+        .bind(result.0)
+        .bind(result.1)
+        .bind(rate_milli)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Notes the canary kinds a node's agent can run besides hash (comma-separated).
+    pub async fn set_node_canary_kinds(&self, node_id: i64, kinds: &str) -> Result<()> {
+        sqlx::query("UPDATE nodes SET canary_kinds = $1 WHERE id = $2")
+            .bind(kinds)
+            .bind(node_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The canary kinds a node's agent said it can run besides hash (comma-separated; empty
+    /// for an unknown node).
+    pub async fn node_canary_kinds(&self, node_id: i64) -> Result<String> {
+        let row = sqlx::query("SELECT canary_kinds FROM nodes WHERE id = $1")
+            .bind(node_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(row) => row.try_get("canary_kinds")?,
+            None => String::new(),
+        })
+    }
+
+    /// The nodes whose agents can run canaries of `kind`, by id.
+    pub async fn nodes_with_canary_kind(&self, kind: &str) -> Result<std::collections::HashSet<i64>> {
+        let rows = sqlx::query("SELECT id, canary_kinds FROM nodes WHERE canary_kinds <> ''")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut nodes = std::collections::HashSet::new();
+        for row in rows {
+            let kinds: String = row.try_get("canary_kinds")?;
+            if kinds.split(',').any(|named| named == kind) {
+                nodes.insert(row.try_get("id")?);
+            }
+        }
+        Ok(nodes)
     }
 
     /// Gives up the open canaries whose deadline passed before `now` as unanswered, in one

@@ -559,6 +559,7 @@ async fn usage_and_attestations_are_accepted_once() {
 fn canary(node_id: i64, created_at: i64, deadline_at: i64) -> NewCanary {
     NewCanary {
         node_id,
+        kind: "hash".to_string(),
         seed: format!("seed-{created_at}"),
         units: 100,
         gpus: "[0,1]".to_string(),
@@ -569,6 +570,80 @@ fn canary(node_id: i64, created_at: i64, deadline_at: i64) -> NewCanary {
         created_at,
         deadline_at,
     }
+}
+
+#[tokio::test]
+async fn matmul_canaries_are_challenged_once_and_finish_with_a_reason() {
+    on_every_backend(|backend, store| async move {
+        let provider = store.create_account(Role::Provider, "p", 1).await.unwrap();
+        let host = store.insert_node(&node(provider.id, "n1"), 1).await.unwrap();
+        let other = store.insert_node(&node(provider.id, "n2"), 1).await.unwrap();
+        assert_eq!(
+            store.node_canary_kinds(host.id).await.unwrap(),
+            "",
+            "{backend}: hash only"
+        );
+        store.set_node_canary_kinds(host.id, "matmul").await.unwrap();
+        assert_eq!(store.node_canary_kinds(host.id).await.unwrap(), "matmul", "{backend}");
+        let capable = store.nodes_with_canary_kind("matmul").await.unwrap();
+        assert!(capable.contains(&host.id) && !capable.contains(&other.id), "{backend}");
+
+        let id = store
+            .insert_canary(&NewCanary {
+                kind: "matmul".to_string(),
+                ..canary(host.id, 10, 100)
+            })
+            .await
+            .unwrap();
+        assert!(
+            store
+                .challenge_canary(id, "c0ffee", ("{\"digest\":\"r\"}", "sig"), 700_000, 20)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .challenge_canary(id, "other", ("{}", "sig2"), 1, 21)
+                .await
+                .unwrap(),
+            "{backend}: challenged once"
+        );
+        let challenged = store.canary(id).await.unwrap().unwrap();
+        assert_eq!(
+            (
+                challenged.canary.kind.as_str(),
+                challenged.challenge.as_deref(),
+                challenged.challenged_at,
+                challenged.finding.as_deref(),
+                challenged.signature.as_deref()
+            ),
+            ("matmul", Some("c0ffee"), Some(20), None, Some("sig")),
+            "{backend}: challenged, still open"
+        );
+        assert!(
+            store
+                .finish_canary(id, "wrong_answer", Some(700_000), None, Some("row 3 is wrong"), 30)
+                .await
+                .unwrap()
+        );
+        let finished = store.canary(id).await.unwrap().unwrap();
+        assert_eq!(
+            (
+                finished.finding.as_deref(),
+                finished.reason.as_deref(),
+                finished.result.as_deref(),
+                finished.signature.as_deref()
+            ),
+            (
+                Some("wrong_answer"),
+                Some("row 3 is wrong"),
+                Some("{\"digest\":\"r\"}"),
+                Some("sig")
+            ),
+            "{backend}: the signed result kept"
+        );
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -609,12 +684,22 @@ async fn canaries_outcomes_and_fraud_decisions() {
         );
         assert!(
             store
-                .finish_canary(first, "slow", Some(31_500), Some(("{\"rate_milli\":31500}", "sig")), 40)
+                .finish_canary(
+                    first,
+                    "slow",
+                    Some(31_500),
+                    Some(("{\"rate_milli\":31500}", "sig")),
+                    None,
+                    40
+                )
                 .await
                 .unwrap()
         );
         assert!(
-            !store.finish_canary(first, "passed", None, None, 41).await.unwrap(),
+            !store
+                .finish_canary(first, "passed", None, None, None, 41)
+                .await
+                .unwrap(),
             "{backend}: a canary is answered once"
         );
         let answered = store.canary(first).await.unwrap().unwrap();

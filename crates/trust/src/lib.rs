@@ -73,6 +73,7 @@ mod api_key;
 pub mod canary;
 mod error;
 mod fingerprint;
+pub mod matmul;
 mod nonce;
 mod record;
 mod request;

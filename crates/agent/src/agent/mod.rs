@@ -29,7 +29,9 @@ mod progress;
 
 use leases::{feed_guards, poll_leases};
 
-pub use canaries::{CANARIES_RUNNING_MAX, CANARY_IDS_REMEMBERED_MAX, CANARY_REPORT_ATTEMPTS_MAX, CANARY_RUN_MAX};
+pub use canaries::{
+    CANARIES_RUNNING_MAX, CANARY_IDS_REMEMBERED_MAX, CANARY_PRODUCTS_DIR, CANARY_REPORT_ATTEMPTS_MAX, CANARY_RUN_MAX,
+};
 pub use gang::{PORT_VAR, RENDEZVOUS_FILE, gang_env, reserve_port};
 pub use leases::LEASE_POLL_WAIT_MS;
 pub use logs::{LOG_CHUNK_BYTES, LOG_SETTLE};
@@ -74,6 +76,10 @@ pub struct AgentConfig {
     /// The `fallow` binary, started as `PROGRAM canary run ...` for each canary order; `None`
     /// runs `crate::canary::run_canary` on a blocking thread of this process instead.
     pub canary_program: Option<PathBuf>,
+    /// Where the matmul canary runs (docs/trust-policy.md § 3): CUDA where the driver and cuBLAS
+    /// load and see the GPUs (`crate::matmul::probe_cuda`), the CPU reference in tests; `None`:
+    /// the node offers the hash canary only.
+    pub matmul_device: Option<crate::matmul::MatmulDevice>,
     /// Where the node sits and how its gang replicas are reached.
     pub topology: NodeTopology,
     /// Whether replicas' scratch directories are encrypted volumes with a key per lease
@@ -230,6 +236,11 @@ impl<E: Executor> Agent<E> {
         // Replicas run in directories of their own: every path handed to them is absolute.
         std::fs::create_dir_all(&config.data_dir)?;
         config.data_dir = std::path::absolute(&config.data_dir)?;
+        // Matmul canaries' products left by a run that ended before its challenge: none runs now.
+        let products = config.data_dir.join(canaries::CANARY_PRODUCTS_DIR);
+        if products.exists() {
+            std::fs::remove_dir_all(&products)?;
+        }
         let (key, created) = state::load_or_create_key(&config.data_dir)?;
         if created {
             tracing::info!(
@@ -263,6 +274,10 @@ impl<E: Executor> Agent<E> {
             simulated: inventory.simulated,
             policy: config.policy.clone(),
             runtimes: executor.runtimes(),
+            canary_kinds: match config.matmul_device {
+                Some(_) if !inventory.simulated => vec![api::CanaryKind::Matmul.name().to_string()],
+                _ => Vec::new(),
+            },
         };
         let node_id = match state::read_node(&config.data_dir)? {
             Some(node) => {

@@ -482,6 +482,7 @@ mod tests {
         CanaryView {
             id: 3,
             node_id: 9,
+            kind: "hash".into(),
             units: 20,
             gpus: vec![0, 1],
             claimed_model: "H100-SXM5".into(),
@@ -489,6 +490,7 @@ mod tests {
             delivered_at_us: None,
             finished_at_us: finding.map(|_| NOW_US),
             finding: finding.map(str::to_string),
+            reason: None,
             rate_milli,
             expected_rate_milli: 2000,
             result: None,

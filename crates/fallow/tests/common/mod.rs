@@ -552,6 +552,7 @@ pub async fn set_up_market(
                 ..PolicyDoc::default()
             },
             runtimes: Vec::new(),
+            canary_kinds: Vec::new(),
             advertise_addr: String::new(),
             gang_ports: String::new(),
             nvlink_source: String::new(),

@@ -399,6 +399,7 @@ mod tests {
             last_canary: Some(CanaryView {
                 id: 3,
                 node_id: 9,
+                kind: "hash".into(),
                 units: 20,
                 gpus: vec![0],
                 claimed_model: "<b>H100</b>".into(),
@@ -406,6 +407,7 @@ mod tests {
                 delivered_at_us: None,
                 finished_at_us: Some(NOW),
                 finding: Some("wrong_answer".into()),
+                reason: None,
                 rate_milli: Some(640),
                 expected_rate_milli: 2000,
                 result: None,

@@ -412,10 +412,12 @@ pub async fn restate_node(
         Some(record.id),
     )
     .await?;
+    let canary_kinds = super::nodes::canary_kinds_of(&registration)?;
     let now = state.now_us();
     if !state.store.restate_node(record.id, &node, now).await? {
         return Err(ApiError::NotFound("node".into()));
     }
+    state.store.set_node_canary_kinds(record.id, &canary_kinds).await?;
     state.forget_node(record.id);
     state.wake.notify_one();
     let restated = store::NodeRecord {

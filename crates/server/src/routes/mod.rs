@@ -38,7 +38,9 @@ pub(crate) use services::{
     create_service_key, delete_service, deploy_service, list_services, revoke_service_key, scale_service, service_logs,
     services_page, show_service, update_service,
 };
-pub(crate) use trust::{admin_bond, canary_result, frauds, node_canaries, post_bond, trust, trust_view, verify_node};
+pub(crate) use trust::{
+    admin_bond, canary_proof, canary_result, frauds, node_canaries, post_bond, trust, trust_view, verify_node,
+};
 
 use std::sync::Arc;
 

@@ -23,7 +23,11 @@ pub async fn register_node(
 ) -> ApiResult<(StatusCode, Json<NodeView>)> {
     require(&caller, &[Role::Provider])?;
     let node = new_node(&state, caller.account_id, peer, &registration, &[], None).await?;
+    let canary_kinds = canary_kinds_of(&registration)?;
     let record = state.store.insert_node(&node, state.now_us()).await?;
+    if !canary_kinds.is_empty() {
+        state.store.set_node_canary_kinds(record.id, &canary_kinds).await?;
+    }
     state.wake.notify_one();
     Ok((StatusCode::CREATED, Json(registered_view(&record))))
 }
@@ -46,10 +50,12 @@ pub async fn register_nodes(
         )));
     }
     let mut nodes: Vec<NewNode> = Vec::with_capacity(batch.nodes.len());
+    let mut canary_kinds: Vec<String> = Vec::with_capacity(batch.nodes.len());
     for (index, registration) in batch.nodes.iter().enumerate() {
         let node = new_node(&state, caller.account_id, peer, registration, &nodes, None)
             .await
             .map_err(|error| in_batch(index, error))?;
+        canary_kinds.push(canary_kinds_of(registration).map_err(|error| in_batch(index, error))?);
         if let Some(twin) = nodes
             .iter()
             .position(|other| other.name == node.name || other.public_key == node.public_key)
@@ -66,6 +72,11 @@ pub async fn register_nodes(
         let _turn = state.writer_turn().await;
         state.store.insert_nodes(&nodes, state.now_us()).await?
     };
+    for (record, kinds) in records.iter().zip(&canary_kinds) {
+        if !kinds.is_empty() {
+            state.store.set_node_canary_kinds(record.id, kinds).await?;
+        }
+    }
     state.wake.notify_one();
     Ok((
         StatusCode::CREATED,
@@ -73,6 +84,32 @@ pub async fn register_nodes(
             nodes: records.iter().map(registered_view).collect(),
         }),
     ))
+}
+
+/// The canary kinds a registration says its agent runs besides hash, checked, as the store
+/// keeps them (comma-separated); none for simulated devices, which only the hash canary paces
+/// (docs/trust-policy.md § 3).
+pub(super) fn canary_kinds_of(registration: &NodeRegistration) -> ApiResult<String> {
+    let mut kinds: Vec<&str> = Vec::new();
+    for name in &registration.canary_kinds {
+        match api::CanaryKind::parse(name) {
+            Some(api::CanaryKind::Hash) => {}
+            Some(kind) => {
+                if !kinds.contains(&kind.name()) {
+                    kinds.push(kind.name());
+                }
+            }
+            None => {
+                return Err(ApiError::BadRequest(format!(
+                    "canary_kinds: {name:?} is not a canary kind (hash, matmul)"
+                )));
+            }
+        }
+    }
+    if registration.simulated {
+        kinds.clear();
+    }
+    Ok(kinds.join(","))
 }
 
 /// Says which node of a batch an error is about.

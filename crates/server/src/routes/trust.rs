@@ -39,6 +39,18 @@ pub async fn canary_result(
     Ok(Json(canaries::take_result(&state, signed.node_id, &signed.body).await?))
 }
 
+/// `POST /v1/agent/canaries/{id}/proof`: a matmul canary's proof (the rows its challenge asked
+/// for); answers the finding.
+pub async fn canary_proof(
+    State(state): AppStateRef,
+    Path(id): Path<i64>,
+    signed: Signed<api::CanaryProof>,
+) -> ApiResult<Json<CanaryAccepted>> {
+    Ok(Json(
+        canaries::take_proof(&state, signed.node_id, id, &signed.body).await?,
+    ))
+}
+
 fn fraud_view(row: &FraudRow) -> FraudView {
     FraudView {
         id: row.id,
