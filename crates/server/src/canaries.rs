@@ -339,24 +339,7 @@ pub async fn take_result(state: &AppState, node_id: i64, signed: &SignedCanaryRe
             .await?;
         return Err(error.into());
     }
-    let canary = match state.store.canary(body.canary_id).await? {
-        Some(canary) if canary.canary.node_id == node_id => canary,
-        _ => {
-            state
-                .store
-                .record_evidence(
-                    Some(node_id),
-                    "foreign_canary",
-                    &format!("result for canary {}", body.canary_id),
-                    now,
-                )
-                .await?;
-            return Err(ApiError::Forbidden(format!(
-                "canary {} was not ordered on node {node_id}; the attempt is recorded",
-                body.canary_id
-            )));
-        }
-    };
+    let canary = ordered_on(state, node_id, body.canary_id, "result", now).await?;
     if let Some(finding) = &canary.finding {
         return Err(ApiError::Conflict(format!(
             "canary {} is over already ({finding}); a result is taken once, by its deadline",
@@ -533,6 +516,34 @@ fn challenged(canary: &CanaryRow, gpus: &[u8], seed: &[u8; trust::matmul::CHALLE
     }
 }
 
+/// Canary `canary_id`, when it was ordered on `node_id`; otherwise the attempt (a `what`: a
+/// result or a proof) is kept as evidence and refused.
+async fn ordered_on(
+    state: &AppState,
+    node_id: i64,
+    canary_id: i64,
+    what: &str,
+    now: i64,
+) -> ApiResult<store::CanaryRow> {
+    match state.store.canary(canary_id).await? {
+        Some(canary) if canary.canary.node_id == node_id => Ok(canary),
+        _ => {
+            state
+                .store
+                .record_evidence(
+                    Some(node_id),
+                    "foreign_canary",
+                    &format!("{what} for canary {canary_id}"),
+                    now,
+                )
+                .await?;
+            Err(ApiError::Forbidden(format!(
+                "canary {canary_id} was not ordered on node {node_id}; the attempt is recorded"
+            )))
+        }
+    }
+}
+
 /// `POST /v1/agent/canaries/{id}/proof`: a matmul canary's proof. The rows must be those its
 /// challenge asked for, in order, for every GPU of the order (else it is refused, and may be
 /// sent again until the deadline); each must lead to the committed root and pass Freivalds'
@@ -544,23 +555,7 @@ pub async fn take_proof(
     proof: &CanaryProof,
 ) -> ApiResult<CanaryAccepted> {
     let now = state.now_us();
-    let canary = match state.store.canary(canary_id).await? {
-        Some(canary) if canary.canary.node_id == node_id => canary,
-        _ => {
-            state
-                .store
-                .record_evidence(
-                    Some(node_id),
-                    "foreign_canary",
-                    &format!("proof for canary {canary_id}"),
-                    now,
-                )
-                .await?;
-            return Err(ApiError::Forbidden(format!(
-                "canary {canary_id} was not ordered on node {node_id}; the attempt is recorded"
-            )));
-        }
-    };
+    let canary = ordered_on(state, node_id, canary_id, "proof", now).await?;
     if let Some(finding) = &canary.finding {
         return Err(ApiError::Conflict(format!(
             "canary {canary_id} is over already ({finding}); a proof is taken once, by its deadline"
