@@ -323,7 +323,11 @@ async fn start_agent_with(
     let mut inventory = agent::gpu::simulated(device, |_| true).unwrap();
     // An honest agent claims its device; a lying one another model.
     inventory.model = claimed.to_string();
-    let config = config_of(&url);
+    spawn_agent(config_of(&url), inventory, seen).await
+}
+
+/// Starts the agent of `inventory` with `config` and runs it on a task of its own.
+async fn spawn_agent(config: AgentConfig, inventory: agent::gpu::Inventory, seen: Arc<Mutex<Seen>>) -> Running {
     let data_dir = config.data_dir.clone();
     let agent = Agent::start(config, inventory, ProcessExecutor)
         .await
@@ -830,15 +834,8 @@ async fn a_matmul_canary_round_trip_with_the_cpu_reference_standing_in_for_the_g
         matmul_device: Some(agent::matmul::MatmulDevice::CpuReference),
         ..agent_config(&world, "cuda-node", &world.base.clone())
     };
-    let data_dir = config.data_dir.clone();
-    let agent = Agent::start(config, inventory, ProcessExecutor)
-        .await
-        .expect("the agent registers");
-    let node_id = agent.node_id();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(async move {
-        agent.run(stopped).await.expect("the agent runs");
-    });
+    let running = spawn_agent(config, inventory, Arc::default()).await;
+    let node_id = running.node_id;
 
     let canary = wait_until("the node's first canary to be found", async || {
         let (status, canaries) = call(
@@ -869,15 +866,14 @@ async fn a_matmul_canary_round_trip_with_the_cpu_reference_standing_in_for_the_g
     assert_eq!(canary["result"]["measured_on"], "cpu-reference", "{canary}");
     let roots = canary["result"]["digest"].as_str().unwrap_or_default();
     assert_eq!(roots.split(',').count(), 2, "one root per GPU: {roots}");
-    let products = data_dir.join(agent::CANARY_PRODUCTS_DIR);
+    let products = running.data_dir.join(agent::CANARY_PRODUCTS_DIR);
     wait_until("the products to be deleted", async || {
         let left = std::fs::read_dir(&products).map_or(0, |entries| entries.count());
         (left == 0).then_some(())
     })
     .await;
 
-    let _ = stop.send(true);
-    task.await.unwrap();
+    running.stop().await;
     world.running.stop().await;
     let _ = std::fs::remove_dir_all(&world.dir);
 }
