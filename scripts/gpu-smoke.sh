@@ -4,6 +4,7 @@
 # count, not simulated) and found them through NVML (not its nvidia-smi fallback), and runs a real
 # GPU job through the market: a bf16 matrix product on one GPU. Runs the matmul canary on GPU 0
 # (`fallow canary run --kind matmul --self-check`) and prints its TFLOPS next to the catalog's.
+# Zeroes GPU 0's free memory (`fallow agent clear-gpu`) and checks a marker written before is gone.
 # Prints what it found, and the NVLink domain the agent detects (`fallow agent detect-topology`);
 # exits non-zero on any mismatch or a failed check of the canary's product.
 #
@@ -116,6 +117,30 @@ if [ "$simulate" != 1 ]; then
   slow_line=$(python3 -c "print('%.1f' % ($catalog_tflops * 0.45))")
   python3 -c "import sys; sys.exit(0 if $canary_tflops >= $slow_line else 1)" \
     || say "WARNING: under the policy's slow line ($slow_line TFLOPS, 45 % of the catalog's)"
+fi
+
+# Clearing a GPU a replica leaves (docs/decisions.md, "No trace left behind"): a process fills
+# most of GPU 0's free memory with a marker and exits; `fallow agent clear-gpu` zeroes the free
+# memory; a new process then takes as much memory as it can and looks for the marker. Not
+# simulated: there is no memory to clear.
+if [ "$simulate" != 1 ]; then
+  python3 -c "
+import torch
+free, _ = torch.cuda.mem_get_info(0)
+t = torch.full((int(free * 0.9),), 0xA5, dtype=torch.uint8, device='cuda:0')
+torch.cuda.synchronize()
+print('gpu-smoke: wrote', t.numel() >> 20, 'MiB of 0xA5 on GPU 0')
+" || fail "could not write the marker on GPU 0"
+  cleared=$("$FALLOW_BIN" agent clear-gpu --gpu 0 2>"$work/clear.err") || { cat "$work/clear.err" >&2; fail "clear-gpu failed"; }
+  say "clear-gpu: $cleared"
+  python3 -c "
+import torch
+free, _ = torch.cuda.mem_get_info(0)
+t = torch.empty((int(free * 0.9),), dtype=torch.uint8, device='cuda:0')
+left = int((t == 0xA5).sum())
+print('gpu-smoke: bytes still 0xA5 in', t.numel() >> 20, 'MiB read back:', left)
+raise SystemExit(1 if left > t.numel() // 100 else 0)
+" || fail "the marker is still in GPU 0's memory after clearing"
 fi
 
 if [ "$simulate" = 1 ]; then

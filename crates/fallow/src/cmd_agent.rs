@@ -162,6 +162,13 @@ enum AgentCommand {
     /// Print the node's NVLink domain as NVML reports it (and what --nvlink-domain would
     /// change), then exit.
     DetectTopology,
+    /// Write zeros over all the free memory of one GPU from a fresh CUDA context, as the agent
+    /// does when a replica leaves a GPU, print what was written (JSON), then exit.
+    ClearGpu {
+        /// The GPU's CUDA ordinal.
+        #[arg(long)]
+        gpu: u8,
+    },
     /// Build the agent's container image from this binary (and the libraries it links), as a
     /// local Docker image, and print its tag. Run it with the host's Docker socket, its data
     /// directory at the same path, the host's network and the GPUs (README: "A provider on
@@ -564,6 +571,23 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         let readings = agent::gpu::read_nvlink();
         let domain = agent::topology::nvlink_domain(args.nvlink_domain.as_deref(), readings.as_ref(), &host_name());
         println!("{}", agent::topology::describe(&domain, readings.as_ref()));
+        return Ok(());
+    }
+    if let Some(AgentCommand::ClearGpu { gpu }) = args.command {
+        let zeroed = agent::gpu_clear::zero_free_memory(gpu).map_err(|error| match error {
+            agent::gpu_clear::ZeroError::NoDriver => anyhow::anyhow!("GPU {gpu}: the CUDA driver is not on this host"),
+            agent::gpu_clear::ZeroError::Cuda(message) => anyhow::anyhow!("GPU {gpu}: {message}"),
+        })?;
+        println!(
+            "{}",
+            serde_json::json!({
+                "gpu": gpu,
+                "zeroed_bytes": zeroed.bytes,
+                "free_bytes_before": zeroed.free_before,
+                "total_bytes": zeroed.total,
+                "elapsed_ms": zeroed.elapsed.as_secs_f64() * 1000.0,
+            })
+        );
         return Ok(());
     }
     if let Some(AgentCommand::Image { tag }) = args.command {
