@@ -48,7 +48,9 @@ trap stop EXIT
 st=${SCHEMATHESIS:-$(command -v schemathesis || true)}
 if [ -z "$st" ]; then
   python3 -m venv "$work/venv"
-  "$work/venv/bin/pip" install -q "schemathesis==$schemathesis_version"
+  # anyio 4.15 imports lazily through compile(), which trips CPython 3.11's "AST constructor
+  # recursion depth mismatch" inside schemathesis' generator; 4.14 imports plainly.
+  "$work/venv/bin/pip" install -q "schemathesis==$schemathesis_version" "anyio<4.15"
   st="$work/venv/bin/schemathesis"
 fi
 "$st" --version

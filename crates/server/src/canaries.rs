@@ -42,8 +42,7 @@ pub async fn orders_for(state: &AppState, node: i64, now: i64) -> ApiResult<Vec<
             continue;
         }
         if canary.delivered_at.is_none() {
-            let _turn = state.writer_turn().await;
-            state.store.mark_canary_delivered(canary.id, now).await?;
+            state.canary_deliveries.submit((canary.id, now)).await?;
         }
         orders.push(order_of(&canary));
     }

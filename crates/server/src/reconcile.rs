@@ -23,7 +23,7 @@ use crate::metrics::Metrics;
 use crate::state::AppState;
 
 /// Placements written per transaction.
-pub const PLACEMENTS_PER_COMMIT_MAX: usize = 64;
+pub const PLACEMENTS_PER_COMMIT_MAX: usize = 256;
 /// The shortest time between a pass and the next one a submission wakes.
 pub const PASS_GAP_MIN: Duration = Duration::from_millis(50);
 /// A replica that does not lead rebuilds its read-only view (quotes, offers) at most this often.
@@ -604,7 +604,9 @@ async fn write_placements(
         .zip(pending.chunks(PLACEMENTS_PER_COMMIT_MAX))
     {
         let result = {
+            let asked = Instant::now();
             let turn = state.writer_turn().await;
+            let turned = asked.elapsed();
             let (store, writes) = (state.store.clone(), writes.to_vec());
             let fence = state.fence.load(std::sync::atomic::Ordering::SeqCst);
             let committed = state
@@ -613,6 +615,12 @@ async fn write_placements(
                 .await
                 .unwrap_or_else(|stopped| Err(store::StoreError::Refused(stopped.to_string())));
             drop(turn);
+            tracing::debug!(
+                placements = pending.len(),
+                turn_wait_ms = turned.as_millis() as u64,
+                commit_ms = (asked.elapsed() - turned).as_millis() as u64,
+                "committed placements"
+            );
             committed
         };
         let committed_at = state.now_us();

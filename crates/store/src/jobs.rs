@@ -2,6 +2,8 @@
 //! insert its leases in one transaction, lease state changes fenced by epoch, and the loss of a
 //! silent node's leases (epoch bumped, job requeued).
 
+use std::collections::HashMap;
+
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -249,10 +251,7 @@ impl Store {
             transaction.rollback().await?;
             return Ok(None);
         }
-        let mut out = Vec::with_capacity(leases.len());
-        for lease in leases {
-            out.push(insert_lease(&mut transaction, job_id, lease, now).await?);
-        }
+        let out = insert_job_leases(&mut transaction, job_id, leases, now).await?;
         transaction.commit().await?;
         Ok(Some(out))
     }
@@ -277,10 +276,7 @@ impl Store {
         .bind(job_id)
         .execute(&mut *transaction)
         .await?;
-        let mut out = Vec::with_capacity(leases.len());
-        for lease in leases {
-            out.push(insert_lease(&mut transaction, job_id, lease, now).await?);
-        }
+        let out = insert_job_leases(&mut transaction, job_id, leases, now).await?;
         transaction.commit().await?;
         Ok(out)
     }
@@ -430,35 +426,80 @@ impl Store {
     }
 }
 
-async fn insert_lease(
+/// Inserts `leases` of job `job_id`; their records in the order given.
+async fn insert_job_leases(
     transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
+    job_id: i64,
+    leases: &[NewLease],
+    now: i64,
+) -> Result<Vec<LeaseRecord>> {
+    let pairs: Vec<(i64, &NewLease)> = leases.iter().map(|lease| (job_id, lease)).collect();
+    let mut ids = insert_leases(transaction, &pairs, now).await?;
+    leases
+        .iter()
+        .map(|lease| take_lease_record(&mut ids, job_id, lease, now))
+        .collect()
+}
+
+/// The record of `lease` of job `job_id` whose id `insert_leases` gave, taken from `ids`.
+fn take_lease_record(
+    ids: &mut HashMap<(i64, i64), i64>,
     job_id: i64,
     lease: &NewLease,
     now: i64,
 ) -> Result<LeaseRecord> {
-    let row = sqlx::query(
-        "INSERT INTO leases (job_id, replica, node_id, gpu_mask, gpu_milli, cpu_milli, memory_mib, epoch, price_micros, \
-         state, tier, gpu_model, region, created_at, expected_end, preempt_at, end_reason) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $8, 'pending', $9, $10, $11, $12, $13, $14, '') RETURNING id",
-    )
-    .bind(job_id)
-    .bind(lease.replica)
-    .bind(lease.node_id)
-    .bind(lease.gpu_mask)
-    .bind(lease.gpu_milli)
-    .bind(lease.cpu_milli)
-    .bind(lease.memory_mib)
-    .bind(lease.price_micros)
-    .bind(&lease.tier)
-    .bind(&lease.gpu_model)
-    .bind(&lease.region)
-    .bind(now)
-    .bind(lease.expected_end)
-    .bind(lease.preempt_at)
-    .fetch_one(&mut **transaction)
-    .await?;
-    Ok(LeaseRecord {
-        id: row.try_get("id")?,
+    let id = ids
+        .remove(&(job_id, lease.replica))
+        .ok_or_else(|| StoreError::Refused(format!("job {job_id} has replica {} twice", lease.replica)))?;
+    Ok(new_lease_record(id, job_id, lease, now))
+}
+
+/// Inserts `leases` (job, lease) pending at epoch 1, a multi-row statement per
+/// `ROWS_PER_STATEMENT_MAX`; their ids by (job, replica).
+async fn insert_leases(
+    transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
+    leases: &[(i64, &NewLease)],
+    now: i64,
+) -> Result<HashMap<(i64, i64), i64>> {
+    let mut ids = HashMap::with_capacity(leases.len());
+    for chunk in leases.chunks(crate::ledger::ROWS_PER_STATEMENT_MAX) {
+        let values = crate::values_rows(chunk.len(), &[""; 17]);
+        let query = format!(
+            "INSERT INTO leases (job_id, replica, node_id, gpu_mask, gpu_milli, cpu_milli, memory_mib, epoch, \
+             price_micros, state, tier, gpu_model, region, created_at, expected_end, preempt_at, end_reason) \
+             VALUES {values} RETURNING id, job_id, replica"
+        );
+        let mut insert = sqlx::query(sqlx::AssertSqlSafe(query));
+        for (job_id, lease) in chunk {
+            insert = insert
+                .bind(*job_id)
+                .bind(lease.replica)
+                .bind(lease.node_id)
+                .bind(lease.gpu_mask)
+                .bind(lease.gpu_milli)
+                .bind(lease.cpu_milli)
+                .bind(lease.memory_mib)
+                .bind(1i64)
+                .bind(lease.price_micros)
+                .bind(LeaseState::Pending.as_str())
+                .bind(&lease.tier)
+                .bind(&lease.gpu_model)
+                .bind(&lease.region)
+                .bind(now)
+                .bind(lease.expected_end)
+                .bind(lease.preempt_at)
+                .bind("");
+        }
+        for row in insert.fetch_all(&mut **transaction).await? {
+            ids.insert((row.try_get("job_id")?, row.try_get("replica")?), row.try_get("id")?);
+        }
+    }
+    Ok(ids)
+}
+
+fn new_lease_record(id: i64, job_id: i64, lease: &NewLease, now: i64) -> LeaseRecord {
+    LeaseRecord {
+        id,
         job_id,
         lease: lease.clone(),
         epoch: 1,
@@ -467,7 +508,7 @@ async fn insert_lease(
         ended_at: None,
         end_reason: String::new(),
         preempted_by: None,
-    })
+    }
 }
 
 /// One placement to commit: the job's leases and, if money must be held, the escrow hold
@@ -514,47 +555,72 @@ impl Store {
     /// Commits many placements in one transaction (group commit). For each, the leases, or
     /// None when the job was no longer queued. A hold the ledger refuses fails the whole batch
     /// (nothing is written), so the caller checks balances first.
+    ///
+    /// A few statements for the whole batch (the jobs moved, the holds, the victims, the leases),
+    /// not several a placement: each statement is a round trip to SQLite's thread, and with both
+    /// cores busy a round trip waited milliseconds for the CPU (12–15 ms a placement at 1,000
+    /// submissions a second; docs/decisions.md, "Placements in a few statements").
     pub async fn commit_placements(
         &self,
         batch: &[PlacementWrite],
         now: i64,
         fence: i64,
     ) -> Result<Vec<Option<Vec<LeaseRecord>>>> {
-        let mut out = Vec::with_capacity(batch.len());
         if batch.is_empty() {
-            return Ok(out);
+            return Ok(Vec::new());
         }
         let mut transaction = self.begin_write().await?;
         check_fence(&mut transaction, fence).await?;
-        for write in batch {
-            let moved = sqlx::query(
+        let mut moved = std::collections::HashSet::new();
+        for chunk in batch.chunks(crate::ledger::ROWS_PER_STATEMENT_MAX) {
+            let query = format!(
                 "UPDATE jobs SET state = 'running', state_reason = '', updated_at = $1, gang_epoch = gang_epoch + 1, \
-                 gang_since = $1, gang_assembled_at = NULL WHERE id = $2 AND state = 'queued'",
-            )
-            .bind(now)
-            .bind(write.job_id)
-            .execute(&mut *transaction)
-            .await?;
-            if moved.rows_affected() != 1 {
-                out.push(None);
-                continue;
+                 gang_since = $1, gang_assembled_at = NULL WHERE id IN ({}) AND state = 'queued' RETURNING id",
+                placeholders(2, chunk.len())
+            );
+            let mut update = sqlx::query(sqlx::AssertSqlSafe(query)).bind(now);
+            for write in chunk {
+                update = update.bind(write.job_id);
             }
-            if let Some((hold, floors)) = &write.hold {
-                match crate::ledger::apply_ledger_in(&mut transaction, hold, floors).await {
-                    // A requeued job's escrow is still held from its first placement.
-                    Ok(_) | Err(StoreError::Conflict(_)) => {}
-                    Err(error) => return Err(error),
-                }
+            for row in update.fetch_all(&mut *transaction).await? {
+                moved.insert(row.try_get::<i64, _>("id")?);
             }
+        }
+        // A job twice in a batch is placed once: its first placement.
+        let mut seen = std::collections::HashSet::new();
+        let placed: Vec<&PlacementWrite> = batch
+            .iter()
+            .filter(|write| moved.contains(&write.job_id) && seen.insert(write.job_id))
+            .collect();
+        // A requeued job's escrow is still held from its first placement: its key is not new,
+        // and nothing more is held.
+        let holds: Vec<(&LedgerTransactionRow, &[i64])> = placed
+            .iter()
+            .filter_map(|write| write.hold.as_ref().map(|(hold, floors)| (hold, floors.as_slice())))
+            .collect();
+        crate::ledger::apply_ledger_many_in(&mut transaction, &holds).await?;
+        for write in &placed {
             mark_victims(&mut transaction, write.job_id, &write.victims).await?;
-            let mut leases = Vec::with_capacity(write.leases.len());
-            for lease in &write.leases {
-                leases.push(insert_lease(&mut transaction, write.job_id, lease, now).await?);
-            }
-            out.push(Some(leases));
+        }
+        let leases: Vec<(i64, &NewLease)> = placed
+            .iter()
+            .flat_map(|write| write.leases.iter().map(|lease| (write.job_id, lease)))
+            .collect();
+        let mut ids = insert_leases(&mut transaction, &leases, now).await?;
+        let mut records: HashMap<i64, Vec<LeaseRecord>> = HashMap::new();
+        for (job_id, lease) in leases {
+            let record = take_lease_record(&mut ids, job_id, lease, now)?;
+            records.entry(job_id).or_default().push(record);
         }
         transaction.commit().await?;
-        Ok(out)
+        Ok(batch
+            .iter()
+            .map(|write| {
+                moved
+                    .remove(&write.job_id)
+                    .then(|| records.remove(&write.job_id).unwrap_or_default())
+            })
+            .collect())
     }
 
     /// Ends a job: moves it from one of `end.from` to `end.to`, ends its live leases (epoch

@@ -225,3 +225,123 @@ pub(crate) async fn apply_ledger_in(
     insert.execute(&mut **db).await?;
     Ok(LedgerOutcome::New)
 }
+
+/// Rows a multi-row statement of the batched writes carries at most: sqlx finds each `$N` of a
+/// statement by name among all of them (quadratic), so statements stay a few hundred
+/// parameters long.
+pub(crate) const ROWS_PER_STATEMENT_MAX: usize = 64;
+
+/// Applies many balanced transactions in a few statements (one per `ROWS_PER_STATEMENT_MAX`
+/// rows of each table, instead of three or more per transaction), inside `db`. For each, true
+/// where its key was new and it was applied; false where the key was applied before, with the
+/// same entries or others, and nothing changed for it. A floor that would be broken fails the
+/// whole batch with `Refused`, which the caller then rolls back. Floors are checked on each
+/// account's balance after the batch: the same as one transaction after another when the
+/// batch moves each account one way only (a placement's hold takes from the tenant's available
+/// money and adds to its escrow); a batch that moves an account both ways is applied one
+/// transaction at a time, each checked as `apply_ledger_in` checks it.
+pub(crate) async fn apply_ledger_many_in(
+    db: &mut sqlx::Transaction<'_, sqlx::Any>,
+    transactions: &[(&LedgerTransactionRow, &[i64])],
+) -> Result<Vec<bool>> {
+    let mut directions: std::collections::HashMap<&str, (bool, bool)> = std::collections::HashMap::new();
+    for (transaction, floors) in transactions {
+        assert_eq!(floors.len(), transaction.entries.len(), "one floor per entry");
+        let sum: i128 = transaction.entries.iter().map(|(_, amount)| i128::from(*amount)).sum();
+        if sum != 0 {
+            return Err(StoreError::Refused(format!(
+                "ledger transaction {} does not balance (sum {sum})",
+                transaction.key
+            )));
+        }
+        for (account, amount) in &transaction.entries {
+            let direction = directions.entry(account.as_str()).or_default();
+            direction.0 |= *amount < 0;
+            direction.1 |= *amount > 0;
+        }
+    }
+    if directions.values().any(|(down, up)| *down && *up) {
+        let mut applied = Vec::with_capacity(transactions.len());
+        for (transaction, floors) in transactions {
+            applied.push(match apply_ledger_in(db, transaction, floors).await {
+                Ok(LedgerOutcome::New) => true,
+                Ok(LedgerOutcome::Duplicate) | Err(StoreError::Conflict(_)) => false,
+                Err(error) => return Err(error),
+            });
+        }
+        return Ok(applied);
+    }
+    let mut new_keys = std::collections::HashSet::new();
+    for chunk in transactions.chunks(ROWS_PER_STATEMENT_MAX) {
+        let query = format!(
+            "INSERT INTO ledger_transactions (key, kind, memo, entries, at) VALUES {} \
+             ON CONFLICT (key) DO NOTHING RETURNING key",
+            crate::values_rows(chunk.len(), &["", "", "", "", ""])
+        );
+        let mut insert = sqlx::query(sqlx::AssertSqlSafe(query));
+        for (transaction, _) in chunk {
+            insert = insert
+                .bind(&transaction.key)
+                .bind(&transaction.kind)
+                .bind(&transaction.memo)
+                .bind(encode_entries(&transaction.entries))
+                .bind(transaction.at);
+        }
+        for row in insert.fetch_all(&mut **db).await? {
+            new_keys.insert(row.try_get::<String, _>("key")?);
+        }
+    }
+    // A key twice in the batch is inserted once: the first is applied, the second is not.
+    let applied: Vec<bool> = transactions
+        .iter()
+        .map(|(transaction, _)| new_keys.remove(&transaction.key))
+        .collect();
+    let mut changes: std::collections::BTreeMap<&str, (i64, i64)> = std::collections::BTreeMap::new();
+    let mut entries = Vec::new();
+    for ((transaction, floors), _) in transactions.iter().zip(&applied).filter(|(_, applied)| **applied) {
+        for ((account, amount), floor) in transaction.entries.iter().zip(floors.iter()) {
+            let change = changes.entry(account.as_str()).or_insert((0, i64::MIN));
+            change.0 = change
+                .0
+                .checked_add(*amount)
+                .ok_or_else(|| StoreError::Refused(format!("account {account}: the batch's change overflows")))?;
+            change.1 = change.1.max(*floor);
+            entries.push((&transaction.key, account, *amount, transaction.at));
+        }
+    }
+    let changes: Vec<(&str, (i64, i64))> = changes.into_iter().collect();
+    for chunk in changes.chunks(ROWS_PER_STATEMENT_MAX) {
+        let query = format!(
+            "INSERT INTO ledger_balances (account, balance) VALUES {} \
+             ON CONFLICT (account) DO UPDATE SET balance = ledger_balances.balance + excluded.balance \
+             RETURNING account, balance",
+            crate::values_rows(chunk.len(), &["", ""])
+        );
+        let mut upsert = sqlx::query(sqlx::AssertSqlSafe(query));
+        for (account, (amount, _)) in chunk {
+            upsert = upsert.bind(*account).bind(*amount);
+        }
+        let floors: std::collections::HashMap<&str, i64> =
+            chunk.iter().map(|(account, (_, floor))| (*account, *floor)).collect();
+        for row in upsert.fetch_all(&mut **db).await? {
+            let account: String = row.try_get("account")?;
+            let balance: i64 = row.try_get("balance")?;
+            let floor = floors.get(account.as_str()).copied().unwrap_or(i64::MIN);
+            if balance < floor {
+                return Err(StoreError::Refused(format!(
+                    "account {account} would go below its floor of {floor} micro-dollars"
+                )));
+            }
+        }
+    }
+    for chunk in entries.chunks(ROWS_PER_STATEMENT_MAX) {
+        let values = crate::values_rows(chunk.len(), &["", "", "", ""]);
+        let query = format!("INSERT INTO ledger_entries (tx_key, account, amount, at) VALUES {values}");
+        let mut insert = sqlx::query(sqlx::AssertSqlSafe(query));
+        for (key, account, amount, at) in chunk {
+            insert = insert.bind(*key).bind(*account).bind(*amount).bind(*at);
+        }
+        insert.execute(&mut **db).await?;
+    }
+    Ok(applied)
+}

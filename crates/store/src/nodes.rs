@@ -386,13 +386,20 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Nodes whose key was rotated at or after `since`.
+    /// Nodes whose key was rotated at or after `since`, by id. Sorted here: with `ORDER BY id`
+    /// SQLite walked the whole table in id order rather than the `key_rotated_at` index (111 ms
+    /// a look at 125,000 nodes, once a second).
     pub async fn keys_rotated_since(&self, since: i64) -> Result<Vec<i64>> {
-        let rows = sqlx::query("SELECT id FROM nodes WHERE key_rotated_at >= $1 ORDER BY id")
+        let rows = sqlx::query("SELECT id FROM nodes WHERE key_rotated_at >= $1")
             .bind(since)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter().map(|row| Ok(row.try_get("id")?)).collect()
+        let mut ids = rows
+            .iter()
+            .map(|row| Ok(row.try_get("id")?))
+            .collect::<Result<Vec<i64>>>()?;
+        ids.sort_unstable();
+        Ok(ids)
     }
 
     /// Online nodes whose last heartbeat is older than `cutoff`.

@@ -182,13 +182,34 @@ impl Store {
         rows.iter().map(canary_from).collect()
     }
 
-    /// Notes when a canary first reached its node (the coordinator's clock for its rate).
-    pub async fn mark_canary_delivered(&self, id: i64, now: i64) -> Result<()> {
-        sqlx::query("UPDATE canaries SET delivered_at = $1 WHERE id = $2 AND delivered_at IS NULL")
-            .bind(now)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
+    /// Notes when canaries first reached their nodes (the coordinator's clock for their rates):
+    /// (canary, when), a statement per `ROWS_PER_STATEMENT_MAX`; a canary delivered before keeps
+    /// its first time.
+    pub async fn mark_canaries_delivered(&self, deliveries: &[(i64, i64)]) -> Result<()> {
+        for chunk in deliveries.chunks(crate::ledger::ROWS_PER_STATEMENT_MAX) {
+            let cases = (0..chunk.len())
+                .map(|row| {
+                    format!(
+                        "WHEN CAST(${} AS BIGINT) THEN CAST(${} AS BIGINT)",
+                        2 * row + 1,
+                        2 * row + 2
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+            let ids = (0..chunk.len())
+                .map(|row| format!("${}", 2 * row + 1))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let query = format!(
+                "UPDATE canaries SET delivered_at = CASE id {cases} END WHERE id IN ({ids}) AND delivered_at IS NULL"
+            );
+            let mut update = sqlx::query(sqlx::AssertSqlSafe(query));
+            for (id, at) in chunk {
+                update = update.bind(*id).bind(*at);
+            }
+            update.execute(&self.pool).await?;
+        }
         Ok(())
     }
 

@@ -658,13 +658,22 @@ async fn canaries_outcomes_and_fraud_decisions() {
         let first = store.insert_canary(&canary(host.id, 10, 100)).await.unwrap();
         let second = store.insert_canary(&canary(other.id, 20, 30)).await.unwrap();
         assert_eq!(store.open_canary_nodes().await.unwrap().len(), 2, "{backend}");
-        store.mark_canary_delivered(first, 11).await.unwrap();
-        store.mark_canary_delivered(first, 12).await.unwrap();
+        store.mark_canaries_delivered(&[(first, 11)]).await.unwrap();
+        store
+            .mark_canaries_delivered(&[(first, 12), (second, 21)])
+            .await
+            .unwrap();
         let open = store.open_canaries_of_node(host.id).await.unwrap();
         assert_eq!(
             (open.len(), open[0].delivered_at),
             (1, Some(11)),
             "{backend}: the first delivery counts"
+        );
+        let open = store.open_canaries_of_node(other.id).await.unwrap();
+        assert_eq!(
+            open[0].delivered_at,
+            Some(21),
+            "{backend}: each of a batch at its own time"
         );
         assert_eq!(
             store.give_up_overdue_canaries(50).await.unwrap(),
@@ -1164,6 +1173,134 @@ async fn a_gpu_is_booked_once_but_for_a_preemption_in_its_grace() {
             over.iter().map(|over| (over.gpu, over.milli)).collect::<Vec<_>>(),
             vec![(3, 1100)],
             "{backend}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn placements_commit_together_with_their_holds_each_job_once() {
+    on_every_backend(|backend, store| async move {
+        let tenant = store.create_account(Role::Tenant, "t", 1).await.unwrap();
+        let provider = store.create_account(Role::Provider, "p", 1).await.unwrap();
+        let host = store.insert_node(&node(provider.id, "n1"), 1).await.unwrap();
+        let available = format!("tenant:{}:available", tenant.id);
+        store
+            .apply_ledger(
+                &transaction("credit", &[("external", -1_000), (available.as_str(), 1_000)]),
+                &[i64::MIN, 0],
+            )
+            .await
+            .unwrap();
+        let jobs = store
+            .insert_jobs(&(0..5).map(|_| job(tenant.id, None)).collect::<Vec<_>>())
+            .await
+            .unwrap();
+        let fence = store.take_leadership().await.unwrap();
+        let hold = |job_id: i64, amount: i64| {
+            let escrow = format!("escrow:job:{job_id}");
+            (
+                transaction(
+                    &format!("hold:{job_id}"),
+                    &[(available.as_str(), -amount), (escrow.as_str(), amount)],
+                ),
+                vec![0, 0],
+            )
+        };
+        let write = |job_id: i64, replicas: i64, amount: i64| store::PlacementWrite {
+            job_id,
+            leases: (0..replicas).map(|replica| lease(host.id, replica)).collect(),
+            hold: Some(hold(job_id, amount)),
+            victims: Vec::new(),
+        };
+        // Job 3 was cancelled meanwhile; job 1's escrow is still held from an earlier placement.
+        assert!(
+            store
+                .set_job_state(jobs[3].id, &[JobState::Queued], JobState::Cancelled, "cancelled", 5)
+                .await
+                .unwrap()
+        );
+        let (earlier, floors) = hold(jobs[1].id, 100);
+        store.apply_ledger(&earlier, &floors).await.unwrap();
+        let batch = [
+            write(jobs[0].id, 1, 100),
+            write(jobs[1].id, 3, 100),
+            write(jobs[2].id, 2, 200),
+            write(jobs[3].id, 1, 100),
+        ];
+        let placed = store.commit_placements(&batch, 10, fence).await.unwrap();
+        assert_eq!(placed.len(), 4, "{backend}");
+        assert!(placed[3].is_none(), "{backend}: a job no longer queued is not placed");
+        for (placement, write) in placed.iter().zip(&batch).take(3) {
+            let records = placement.as_ref().expect("placed");
+            assert_eq!(records.len(), write.leases.len(), "{backend}");
+            for (record, lease) in records.iter().zip(&write.leases) {
+                assert_eq!(
+                    (record.job_id, record.lease.replica),
+                    (write.job_id, lease.replica),
+                    "{backend}"
+                );
+                let stored = store.lease(record.id).await.unwrap().expect("stored");
+                assert_eq!(
+                    (stored.job_id, stored.lease.replica),
+                    (write.job_id, lease.replica),
+                    "{backend}"
+                );
+                assert_eq!(stored.state, LeaseState::Pending, "{backend}");
+            }
+            let job = store.job(write.job_id).await.unwrap().unwrap();
+            assert_eq!(job.state, JobState::Running, "{backend}");
+        }
+        assert_eq!(
+            store.balance(&available).await.unwrap(),
+            1_000 - 100 - 100 - 200,
+            "{backend}: jobs 0 and 2 held now, job 1 once before; the cancelled job holds nothing"
+        );
+        assert_eq!(
+            store.balance(&format!("escrow:job:{}", jobs[2].id)).await.unwrap(),
+            200,
+            "{backend}"
+        );
+        assert_eq!(
+            store.balance(&format!("escrow:job:{}", jobs[3].id)).await.unwrap(),
+            0,
+            "{backend}"
+        );
+        // A batch whose holds together break the tenant's floor writes nothing, though each
+        // alone would fit.
+        let more = store
+            .insert_jobs(&[job(tenant.id, None), job(tenant.id, None)])
+            .await
+            .unwrap();
+        let refused = store
+            .commit_placements(&[write(more[0].id, 1, 400), write(more[1].id, 1, 400)], 20, fence)
+            .await;
+        assert!(matches!(refused, Err(StoreError::Refused(_))), "{backend}: {refused:?}");
+        assert_eq!(store.balance(&available).await.unwrap(), 600, "{backend}");
+        for job in &more {
+            assert_eq!(
+                store.job(job.id).await.unwrap().unwrap().state,
+                JobState::Queued,
+                "{backend}"
+            );
+            assert!(store.leases_of_job(job.id).await.unwrap().is_empty(), "{backend}");
+        }
+        // A job twice in one batch is placed once, by its first placement, and held once.
+        let twice = store
+            .commit_placements(&[write(more[0].id, 1, 100), write(more[0].id, 2, 100)], 30, fence)
+            .await
+            .unwrap();
+        assert_eq!(twice[0].as_ref().map(Vec::len), Some(1), "{backend}");
+        assert!(twice[1].is_none(), "{backend}");
+        assert_eq!(store.leases_of_job(more[0].id).await.unwrap().len(), 1, "{backend}");
+        assert_eq!(store.balance(&available).await.unwrap(), 500, "{backend}");
+        assert_eq!(
+            store.ledger_totals().await.unwrap(),
+            LedgerTotals {
+                balances: 0,
+                entries: 0
+            },
+            "{backend}: balances and entries agree"
         );
     })
     .await;
