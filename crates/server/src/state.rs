@@ -41,6 +41,37 @@ pub struct NodeIdentity {
 /// took the change, `forget_node`). A read per node per this, beside its heartbeats.
 pub const NODE_CACHE_TTL: Duration = Duration::from_secs(300);
 
+/// Cached node identities, and how many times one was forgotten: a read that began before a
+/// forget may have read the old key or limits, and is not cached (else it would stand for
+/// `NODE_CACHE_TTL`: a policy set while the node's heartbeat read it never reached the agent).
+#[derive(Default)]
+struct NodeCache {
+    identities: HashMap<i64, NodeIdentity>,
+    forgets: u64,
+}
+
+impl NodeCache {
+    /// The node's cached identity, or the count of forgets to give `keep` after reading it.
+    fn get(&self, node_id: i64) -> Result<NodeIdentity, u64> {
+        match self.identities.get(&node_id) {
+            Some(found) if found.read_at.elapsed() < NODE_CACHE_TTL => Ok(found.clone()),
+            _ => Err(self.forgets),
+        }
+    }
+
+    /// Keeps an identity read after `get` answered `forgets`, unless a node was forgotten since.
+    fn keep(&mut self, node_id: i64, identity: NodeIdentity, forgets: u64) {
+        if self.forgets == forgets {
+            self.identities.insert(node_id, identity);
+        }
+    }
+
+    fn forget(&mut self, node_id: i64) {
+        self.identities.remove(&node_id);
+        self.forgets += 1;
+    }
+}
+
 struct Bucket {
     tokens: f64,
     at: Instant,
@@ -56,7 +87,7 @@ pub struct AppState {
     service_keys: Mutex<HashMap<String, (i64, String, String, Instant)>>,
     /// Tenants found with a positive balance, and when.
     funded: Mutex<HashMap<i64, Instant>>,
-    nodes: Mutex<HashMap<i64, NodeIdentity>>,
+    nodes: Mutex<NodeCache>,
     pub nonce_cache: Mutex<NonceCache>,
     /// Agents' signatures, verified in batches (`signatures`).
     pub signatures: crate::signatures::Signatures,
@@ -178,7 +209,7 @@ impl AppState {
             keys: Mutex::new(HashMap::new()),
             service_keys: Mutex::new(HashMap::new()),
             funded: Mutex::new(HashMap::new()),
-            nodes: Mutex::new(HashMap::new()),
+            nodes: Mutex::default(),
             nonces,
             beats: Beats::default(),
             gateway: Arc::default(),
@@ -316,17 +347,16 @@ impl AppState {
 
     /// Forgets a node's cached key and limits (its key was rotated, its policy set).
     pub fn forget_node(&self, node_id: i64) {
-        self.nodes.lock().expect("node cache lock").remove(&node_id);
+        self.nodes.lock().expect("node cache lock").forget(node_id);
     }
 
     /// The node's registered public key and provider (cached; a rotation here or on another
     /// replica makes it forgotten, see `forget_node`).
     pub async fn node_identity(&self, node_id: i64) -> Result<NodeIdentity, ApiError> {
-        if let Some(found) = self.nodes.lock().expect("node cache lock").get(&node_id)
-            && found.read_at.elapsed() < NODE_CACHE_TTL
-        {
-            return Ok(found.clone());
-        }
+        let forgets = match self.nodes.lock().expect("node cache lock").get(node_id) {
+            Ok(found) => return Ok(found),
+            Err(forgets) => forgets,
+        };
         let record = self
             .store
             .node(node_id)
@@ -346,7 +376,7 @@ impl AppState {
         self.nodes
             .lock()
             .expect("node cache lock")
-            .insert(node_id, identity.clone());
+            .keep(node_id, identity.clone(), forgets);
         Ok(identity)
     }
 
@@ -385,5 +415,37 @@ impl AppState {
         }
         bucket.tokens -= 1.0;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity(thermal_limit_c: Option<u16>) -> NodeIdentity {
+        NodeIdentity {
+            key: trust::NodeKey::generate().verifying_key(),
+            provider_id: 1,
+            limits: api::NodeLimits {
+                thermal_limit_c,
+                power_limit_w: None,
+            },
+            read_at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn a_node_read_before_it_was_forgotten_is_not_kept() {
+        let mut cache = NodeCache::default();
+        let before = cache.get(7).expect_err("nothing cached");
+        // The owner sets a limit while the old policy is being read.
+        cache.forget(7);
+        cache.keep(7, identity(None), before);
+        let after = cache.get(7).expect_err("the old read is not kept");
+        cache.keep(7, identity(Some(70)), after);
+        let kept = cache.get(7).expect("a read begun after the change is kept");
+        assert_eq!(kept.limits.thermal_limit_c, Some(70));
+        cache.forget(7);
+        assert!(cache.get(7).is_err(), "forgotten");
     }
 }
