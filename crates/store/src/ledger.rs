@@ -147,14 +147,8 @@ impl Store {
     }
 }
 
-/// Applies a ledger transaction inside a database transaction the caller commits: with a
-/// placement, the escrow hold lands or fails together with the leases. On `Duplicate` or an
-/// error the caller must roll back.
-pub(crate) async fn apply_ledger_in(
-    db: &mut sqlx::Transaction<'_, sqlx::Any>,
-    transaction: &LedgerTransactionRow,
-    floors: &[i64],
-) -> Result<LedgerOutcome> {
+/// Refuses a ledger transaction whose entries do not sum to zero; one floor per entry.
+fn check_balanced(transaction: &LedgerTransactionRow, floors: &[i64]) -> Result<()> {
     assert_eq!(floors.len(), transaction.entries.len(), "one floor per entry");
     let sum: i128 = transaction.entries.iter().map(|(_, amount)| i128::from(*amount)).sum();
     if sum != 0 {
@@ -163,6 +157,18 @@ pub(crate) async fn apply_ledger_in(
             transaction.key
         )));
     }
+    Ok(())
+}
+
+/// Applies a ledger transaction inside a database transaction the caller commits: with a
+/// placement, the escrow hold lands or fails together with the leases. On `Duplicate` or an
+/// error the caller must roll back.
+pub(crate) async fn apply_ledger_in(
+    db: &mut sqlx::Transaction<'_, sqlx::Any>,
+    transaction: &LedgerTransactionRow,
+    floors: &[i64],
+) -> Result<LedgerOutcome> {
+    check_balanced(transaction, floors)?;
     let encoded = encode_entries(&transaction.entries);
     let inserted = sqlx::query(
         "INSERT INTO ledger_transactions (key, kind, memo, entries, at) VALUES ($1, $2, $3, $4, $5) \
@@ -246,14 +252,7 @@ pub(crate) async fn apply_ledger_many_in(
 ) -> Result<Vec<bool>> {
     let mut directions: std::collections::HashMap<&str, (bool, bool)> = std::collections::HashMap::new();
     for (transaction, floors) in transactions {
-        assert_eq!(floors.len(), transaction.entries.len(), "one floor per entry");
-        let sum: i128 = transaction.entries.iter().map(|(_, amount)| i128::from(*amount)).sum();
-        if sum != 0 {
-            return Err(StoreError::Refused(format!(
-                "ledger transaction {} does not balance (sum {sum})",
-                transaction.key
-            )));
-        }
+        check_balanced(transaction, floors)?;
         for (account, amount) in &transaction.entries {
             let direction = directions.entry(account.as_str()).or_default();
             direction.0 |= *amount < 0;
