@@ -7,8 +7,8 @@ use model::{
 };
 
 use crate::{
-    COMMAND_ARGS_MAX, DATASETS_MAX, ENV_ENTRIES_MAX, JobRequest, PRICE_MICROS_MAX, REGIONS_MAX, REPLICAS_MAX,
-    RUNTIME_S_MAX, TEXT_FIELD_BYTES_MAX, parse_class,
+    COMMAND_ARGS_MAX, DATASETS_MAX, ENV_ENTRIES_MAX, JobRequest, MEMORY_MIB_MAX, PRICE_MICROS_MAX, REGIONS_MAX,
+    REPLICAS_MAX, RUNTIME_S_MAX, TEXT_FIELD_BYTES_MAX, parse_class,
 };
 
 /// The most whole GPUs one replica may take: the GPUs of one node.
@@ -34,16 +34,7 @@ fn text(field: &str, value: &str) -> Result<(), InputError> {
 }
 
 pub fn parse_topology(text: &str) -> Option<TopologyLevel> {
-    [
-        TopologyLevel::Node,
-        TopologyLevel::Nvlink,
-        TopologyLevel::Fabric,
-        TopologyLevel::Site,
-        TopologyLevel::Region,
-        TopologyLevel::Any,
-    ]
-    .into_iter()
-    .find(|level| level.name() == text)
+    TopologyLevel::ALL.into_iter().find(|level| level.name() == text)
 }
 
 /// The 64-bit content id the matcher uses for a dataset digest ("blake3:<hex>" or "sha256:<hex>").
@@ -167,9 +158,18 @@ impl JobRequest {
         if self.datasets.len() > DATASETS_MAX {
             return bad(format!("datasets: at most {DATASETS_MAX}"));
         }
+        if self.memory_mib > MEMORY_MIB_MAX {
+            return bad(format!(
+                "memory_mib: {} is more than any node holds (at most 2^40)",
+                self.memory_mib
+            ));
+        }
         let mut datasets = Vec::with_capacity(self.datasets.len());
         for dataset in &self.datasets {
             text("datasets.url", &dataset.url)?;
+            if dataset.size_bytes > i64::MAX as u64 {
+                return bad("datasets.size_bytes: at most 2^63 - 1");
+            }
             if !(dataset.url.starts_with("http://")
                 || dataset.url.starts_with("https://")
                 || dataset.url.starts_with("file://"))

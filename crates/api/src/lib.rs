@@ -38,6 +38,10 @@ pub const RUNTIME_S_MAX: u32 = 30 * 24 * 3600;
 pub const PRICE_MICROS_MAX: i64 = 1_000 * 1_000_000;
 /// Jobs per page in listings.
 pub const PAGE_SIZE_MAX: i64 = 500;
+/// The most memory a job's replica or a node may have, MiB (2^40: a pebibyte).
+pub const MEMORY_MIB_MAX: u64 = 1 << 40;
+/// The most offers one search answers (`GET /v1/offers?limit=`).
+pub const OFFERS_PAGE_MAX: i64 = 1000;
 
 /// Every error the API returns: `{"error": {"code": "...", "message": "..."}}`.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]

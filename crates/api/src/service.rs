@@ -216,6 +216,9 @@ impl ServiceRequest {
         if self.replica.replicas != 1 {
             return bad("replica.replicas: a service's replica is one job replica; give min_replicas and max_replicas");
         }
+        if self.replica.client_token.is_some() {
+            return bad("replica.client_token: the service submits its replicas itself; leave it out");
+        }
         if self.replica.serve.is_some() {
             return bad("replica.serve: set by the service (give name, port and health_path on the service)");
         }
@@ -411,5 +414,12 @@ mod tests {
         .check()
         .expect_err("a bad price");
         assert!(price.0.contains("max_price_per_gpu_hour"), "{}", price.0);
+        let token = serde_json::from_str::<ServiceRequest>(
+            r#"{"name": "x", "replica": {"image": "i", "tier": "silver", "max_price_per_gpu_hour": "2", "client_token": "t"}}"#,
+        )
+        .expect("parses")
+        .check()
+        .expect_err("a token of the service's own");
+        assert!(token.0.starts_with("replica.client_token"), "{}", token.0);
     }
 }

@@ -73,6 +73,16 @@ pub enum TopologyLevel {
 }
 
 impl TopologyLevel {
+    /// Every level, tightest first.
+    pub const ALL: [TopologyLevel; 6] = [
+        TopologyLevel::Node,
+        TopologyLevel::Nvlink,
+        TopologyLevel::Fabric,
+        TopologyLevel::Site,
+        TopologyLevel::Region,
+        TopologyLevel::Any,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             TopologyLevel::Node => "node",

@@ -101,7 +101,9 @@ impl From<TrustError> for ApiError {
     fn from(error: TrustError) -> ApiError {
         match error {
             TrustError::NonceCacheFull => ApiError::Unavailable(error.to_string()),
-            TrustError::BadHeader { .. } | TrustError::BadKey(_) => ApiError::BadRequest(error.to_string()),
+            TrustError::BadKey(_) => ApiError::BadRequest(error.to_string()),
+            // A signing header missing or malformed: the request proves no node, as a missing or
+            // malformed API key proves no party (401, not 400).
             // As the trust crate documents: the request was authentic, but already served.
             TrustError::Replayed => ApiError::Conflict(error.to_string()),
             _ => ApiError::Unauthorized(error.to_string()),

@@ -29,21 +29,67 @@ async fn read_body(request: Request) -> Result<Bytes, ApiError> {
 }
 
 /// Parses a JSON body; a refusal names the field at fault (`leases[0]: invalid type …`).
+///
+/// A number with no fraction written as a float (`8.0`) is the integer it equals, as JSON Schema
+/// reads it: a body refused for a float where an integer belongs is read again with such
+/// numbers made integers (only then, so the common path parses once).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // Every body of the API is an object; serde would read a struct from an array too.
+    if bytes.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ApiError::BadRequest(
+            "invalid JSON body: give an object, not an array".into(),
+        ));
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let parsed: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
-        let path = error.path().to_string();
-        let inner = error.into_inner();
-        if path.is_empty() || path == "." {
-            ApiError::BadRequest(format!("invalid JSON body: {inner}"))
-        } else {
-            ApiError::BadRequest(format!("invalid JSON body: {path}: {inner}"))
+    let parsed: T = match serde_path_to_error::deserialize(&mut deserializer) {
+        Ok(parsed) => parsed,
+        Err(error) if error.inner().to_string().starts_with("invalid type: floating point") => {
+            let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+                return Err(refusal(error));
+            };
+            integral_floats_as_integers(&mut value);
+            // Read again, a refusal names what is wrong with the integers made integers.
+            return serde_path_to_error::deserialize(value).map_err(refusal);
         }
-    })?;
+        Err(error) => return Err(refusal(error)),
+    };
     deserializer
         .end()
         .map_err(|error| ApiError::BadRequest(format!("invalid JSON body: {error}")))?;
     Ok(parsed)
+}
+
+fn refusal(error: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = error.path().to_string();
+    let inner = error.into_inner();
+    if path.is_empty() || path == "." {
+        ApiError::BadRequest(format!("invalid JSON body: {inner}"))
+    } else {
+        ApiError::BadRequest(format!("invalid JSON body: {path}: {inner}"))
+    }
+}
+
+/// `8.0` becomes `8` wherever it is in `value`, within i64 or u64. An integer written past
+/// their ranges reads as a float too: past u64's, it rounds to 2^64 or more and stays a float;
+/// below i64's, it rounds to -2^63 or less and stays a float (so does -2^63 written as a float).
+fn integral_floats_as_integers(value: &mut serde_json::Value) {
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+    match value {
+        serde_json::Value::Number(number) => {
+            if let Some(float) = number.as_f64().filter(|_| number.is_f64())
+                && float.fract() == 0.0
+            {
+                if float > -TWO_63 && float < TWO_63 {
+                    *number = (float as i64).into();
+                } else if (TWO_63..2.0 * TWO_63).contains(&float) {
+                    *number = (float as u64).into();
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(integral_floats_as_integers),
+        serde_json::Value::Object(fields) => fields.values_mut().for_each(integral_floats_as_integers),
+        _ => {}
+    }
 }
 
 fn check_content_type(parts: &Parts) -> Result<(), ApiError> {
@@ -340,5 +386,41 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
             .await
             .map(|axum::extract::Query(value)| Query(value))
             .map_err(|rejection| ApiError::BadRequest(rejection.body_text()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_json;
+
+    #[derive(serde::Deserialize, Debug, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Counts {
+        small: u32,
+        signed: i64,
+        large: u64,
+    }
+
+    #[test]
+    fn integers_written_as_floats_are_the_integers_they_equal() {
+        let counts: Counts = parse_json(br#"{"small": 1529.0, "signed": -5.0, "large": 1.5e19}"#).expect("integral");
+        assert_eq!(
+            counts,
+            Counts {
+                small: 1529,
+                signed: -5,
+                large: 15_000_000_000_000_000_000
+            }
+        );
+        for refused in [
+            r#"{"small": 1.5, "signed": 0, "large": 0}"#,
+            r#"{"small": 0, "signed": -9223372036854775809, "large": 0}"#,
+            r#"{"small": 0, "signed": 0, "large": 18446744073709551616}"#,
+            r#"{"small": 4294967296.0, "signed": 0, "large": 0}"#,
+            r#"[0, 0, 0]"#,
+        ] {
+            let error = parse_json::<Counts>(refused.as_bytes()).expect_err(refused);
+            assert!(error.to_string().contains("invalid JSON body"), "{refused}: {error}");
+        }
     }
 }

@@ -175,12 +175,13 @@ impl Default for ServiceStats {
 impl ServiceStats {
     /// Adds `other`'s counts (another gateway's) to these.
     fn add(&mut self, other: &ServiceStats) {
-        self.requests += other.requests;
-        self.errors += other.errors;
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
+        // Saturating: the counts come from other processes' reports.
+        self.requests = self.requests.saturating_add(other.requests);
+        self.errors = self.errors.saturating_add(other.errors);
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self.completion_tokens.saturating_add(other.completion_tokens);
         for (mine, theirs) in self.latency.iter_mut().zip(&other.latency) {
-            *mine += theirs;
+            *mine = mine.saturating_add(*theirs);
         }
     }
 
@@ -216,7 +217,8 @@ impl ServiceStats {
             ..ServiceStats::default()
         };
         for bucket in &report.latency {
-            stats.latency[(bucket.bucket as usize).min(LATENCY_BUCKETS - 1)] += bucket.count;
+            let count = &mut stats.latency[(bucket.bucket as usize).min(LATENCY_BUCKETS - 1)];
+            *count = count.saturating_add(bucket.count);
         }
         stats
     }
@@ -247,14 +249,17 @@ impl ServiceStats {
     /// The latency (ms) under which `quantile` of the requests were answered: the upper bound of
     /// its bucket; None before the first request.
     pub fn quantile_ms(&self, quantile: f64) -> Option<f64> {
-        let total: u64 = self.latency.iter().sum();
+        let total = self
+            .latency
+            .iter()
+            .fold(0u64, |total, count| total.saturating_add(*count));
         if total == 0 {
             return None;
         }
         let rank = ((total as f64) * quantile).ceil().max(1.0) as u64;
         let mut seen = 0;
         for (bucket, count) in self.latency.iter().enumerate() {
-            seen += count;
+            seen = count.saturating_add(seen);
             if seen >= rank {
                 return Some(LATENCY_FIRST_US * LATENCY_GROWTH.powi(bucket as i32) / 1000.0);
             }
@@ -611,8 +616,8 @@ impl Gateway {
             .values()
             .filter(|other| other.at.elapsed() < OTHER_LIVE)
             .filter_map(|other| other.in_flight.get(&lease_id))
-            .sum();
-        self.counter(lease_id).load(Ordering::Relaxed) + elsewhere
+            .fold(0u32, |total, count| total.saturating_add(*count));
+        self.counter(lease_id).load(Ordering::Relaxed).saturating_add(elsewhere)
     }
 
     /// Forgets the counters of replicas with nothing in flight (a counter at zero says nothing;
@@ -998,6 +1003,33 @@ mod tests {
         copy_end_to_end(&from, &mut to);
         assert_eq!(to.len(), 1, "{to:?}");
         assert_eq!(to[header::CONTENT_TYPE], "application/json");
+    }
+
+    #[test]
+    fn counts_reported_by_other_gateways_saturate() {
+        let report = api::GatewayServiceStats {
+            tenant_id: 1,
+            name: "chat".into(),
+            requests: u64::MAX,
+            errors: u64::MAX,
+            prompt_tokens: u64::MAX,
+            completion_tokens: u64::MAX,
+            latency: vec![
+                api::LatencyBucket {
+                    bucket: u32::MAX,
+                    count: u64::MAX - 1,
+                },
+                api::LatencyBucket {
+                    bucket: u32::MAX - 1,
+                    count: 3,
+                },
+            ],
+        };
+        let mut stats = ServiceStats::of_report(&report);
+        assert_eq!(stats.latency[LATENCY_BUCKETS - 1], u64::MAX);
+        stats.add(&ServiceStats::of_report(&report));
+        assert_eq!(stats.requests, u64::MAX);
+        assert!(stats.quantile_ms(0.99).is_some());
     }
 
     #[test]

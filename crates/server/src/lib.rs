@@ -40,9 +40,10 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::handler::Handler;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, delete, get, post, put};
+use axum::routing::{MethodRouter, any, delete, get, post, put};
 use store::{Role, Store};
 use tower_http::catch_panic::CatchPanicLayer;
 
@@ -62,86 +63,11 @@ pub fn now_us() -> i64 {
 pub const ADMIN_KEY_FILE: &str = "admin.key";
 
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/v1/health", get(routes::health))
-        .route("/v1/openapi.json", get(openapi::document))
-        .route("/v1/explorer", get(openapi::explorer))
-        .route("/v1/market", get(routes::market))
-        .route("/metrics", get(routes::metrics))
-        .route("/v1/jobs", post(routes::submit_job).get(routes::list_jobs))
-        .route("/v1/jobs/quote", post(routes::quote_job))
-        .route("/v1/jobs/{id}", get(routes::show_job))
-        .route("/v1/jobs/{id}/cancel", post(routes::cancel_job))
-        .route("/v1/jobs/{id}/logs", get(routes::job_logs))
-        .route("/v1/offers", get(routes::search_offers))
-        .route("/v1/balance", get(routes::balance))
-        .route("/v1/statement", get(routes::statement))
-        .route("/v1/invoices", get(routes::invoice))
-        .route("/v1/nodes", post(routes::register_node).get(routes::list_nodes))
-        .route(
-            "/v1/nodes/batch",
-            post(routes::register_nodes).layer(DefaultBodyLimit::max(api::NODE_BATCH_BODY_BYTES_MAX)),
-        )
-        .route("/v1/nodes/{id}", get(routes::show_node))
-        .route("/v1/nodes/{id}/policy", put(routes::set_policy))
-        .route(
-            "/v1/nodes/{id}/reclaim",
-            post(routes::reclaim_node).delete(routes::resume_node),
-        )
-        .route("/v1/agent/tunnel", post(routes::agent_tunnel))
-        .route("/v1/gateways", post(routes::report_gateway).get(routes::list_gateways))
-        .route("/v1/gateway/services/{name}", get(routes::service_route))
-        .route("/v1/gateway/nodes/{id}", get(routes::gateway_node))
-        .route("/v1/services", post(routes::deploy_service).get(routes::list_services))
-        .route(
-            "/v1/services/{name}",
-            get(routes::show_service)
-                .put(routes::update_service)
-                .delete(routes::delete_service),
-        )
-        .route("/v1/services/{name}/scale", post(routes::scale_service))
-        .route("/v1/services/{name}/logs", get(routes::service_logs))
-        .route("/v1/services/{name}/keys", post(routes::create_service_key))
-        .route("/v1/services/{name}/keys/{key_id}", delete(routes::revoke_service_key))
+    api_routes()
+        .router
+        // The gateway's data plane: a service's own requests and answers, not the API's.
         .route("/s/{service}", any(routes::serve))
         .route("/s/{service}/{*path}", any(routes::serve))
-        .route("/v1/sites", get(routes::list_sites))
-        .route("/v1/sites/{name}", put(routes::set_site))
-        .route("/v1/earnings", get(routes::earnings))
-        .route("/v1/agent/heartbeat", post(routes::heartbeat))
-        .route("/v1/agent/leases", get(routes::poll_leases))
-        .route("/v1/agent/leases/{id}/events", post(routes::lease_event))
-        .route("/v1/agent/leases/{id}/logs", post(routes::lease_log))
-        .route("/v1/agent/key", post(routes::rotate_node_key))
-        .route("/v1/agent/reclaim", post(routes::agent_reclaim))
-        .route("/v1/agent/node", put(routes::restate_node))
-        .route("/v1/agent/resume", post(routes::agent_resume))
-        .route("/v1/agent/leases/{id}/progress", post(routes::lease_progress))
-        .route("/v1/agent/usage", post(routes::report_usage))
-        .route("/v1/agent/attestations", post(routes::attest))
-        .route("/v1/agent/canaries", post(routes::canary_result))
-        .route(
-            "/v1/agent/canaries/{id}/proof",
-            post(routes::canary_proof).layer(DefaultBodyLimit::max(api::CANARY_PROOF_BODY_BYTES_MAX)),
-        )
-        .route("/v1/trust", get(routes::trust))
-        .route("/v1/frauds", get(routes::frauds))
-        .route("/v1/provider/bond", post(routes::post_bond))
-        .route("/v1/admin/bonds", post(routes::admin_bond))
-        .route("/v1/nodes/{id}/canaries", get(routes::node_canaries))
-        .route("/v1/nodes/{id}/verify", post(routes::verify_node))
-        .route(
-            "/v1/admin/accounts",
-            post(routes::create_account).get(routes::list_accounts),
-        )
-        .route(
-            "/v1/accounts/{id}/keys",
-            post(routes::create_key).get(routes::list_keys),
-        )
-        .route("/v1/keys/{key_id}/revoke", post(routes::revoke_key))
-        .route("/v1/keys/rotate", post(routes::rotate_key))
-        .route("/v1/admin/credits", post(routes::credit))
-        .route("/v1/admin/evidence", get(routes::evidence))
         .merge(dashboard::routes())
         .method_not_allowed_fallback(|method: axum::http::Method| async move {
             ApiError::MethodNotAllowed(format!("{method} is not allowed here; see /v1/openapi.json"))
@@ -151,6 +77,118 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(catch_panics())
         .layer(axum::middleware::map_response(error::name_the_wait))
         .with_state(state)
+}
+
+/// The API's routes, each recorded as it is added: the OpenAPI document's table
+/// (`openapi::PATHS`) is held against this list by a test, so neither has a route the other lacks.
+pub(crate) fn api_routes() -> ApiRoutes {
+    ApiRoutes::default()
+        .get("/v1/health", routes::health)
+        .get("/v1/openapi.json", openapi::document)
+        .get("/v1/explorer", openapi::explorer)
+        .get("/v1/market", routes::market)
+        .get("/metrics", routes::metrics)
+        .post("/v1/jobs", routes::submit_job)
+        .get("/v1/jobs", routes::list_jobs)
+        .post("/v1/jobs/quote", routes::quote_job)
+        .get("/v1/jobs/{id}", routes::show_job)
+        .post("/v1/jobs/{id}/cancel", routes::cancel_job)
+        .get("/v1/jobs/{id}/logs", routes::job_logs)
+        .get("/v1/offers", routes::search_offers)
+        .get("/v1/balance", routes::balance)
+        .get("/v1/statement", routes::statement)
+        .get("/v1/invoices", routes::invoice)
+        .post("/v1/nodes", routes::register_node)
+        .get("/v1/nodes", routes::list_nodes)
+        .add(
+            "post",
+            "/v1/nodes/batch",
+            post(routes::register_nodes).layer(DefaultBodyLimit::max(api::NODE_BATCH_BODY_BYTES_MAX)),
+        )
+        .get("/v1/nodes/{id}", routes::show_node)
+        .put("/v1/nodes/{id}/policy", routes::set_policy)
+        .post("/v1/nodes/{id}/reclaim", routes::reclaim_node)
+        .delete("/v1/nodes/{id}/reclaim", routes::resume_node)
+        .post("/v1/agent/tunnel", routes::agent_tunnel)
+        .post("/v1/gateways", routes::report_gateway)
+        .get("/v1/gateways", routes::list_gateways)
+        .get("/v1/gateway/services/{name}", routes::service_route)
+        .get("/v1/gateway/nodes/{id}", routes::gateway_node)
+        .post("/v1/services", routes::deploy_service)
+        .get("/v1/services", routes::list_services)
+        .get("/v1/services/{name}", routes::show_service)
+        .put("/v1/services/{name}", routes::update_service)
+        .delete("/v1/services/{name}", routes::delete_service)
+        .post("/v1/services/{name}/scale", routes::scale_service)
+        .get("/v1/services/{name}/logs", routes::service_logs)
+        .post("/v1/services/{name}/keys", routes::create_service_key)
+        .delete("/v1/services/{name}/keys/{key_id}", routes::revoke_service_key)
+        .get("/v1/sites", routes::list_sites)
+        .put("/v1/sites/{name}", routes::set_site)
+        .get("/v1/earnings", routes::earnings)
+        .post("/v1/agent/heartbeat", routes::heartbeat)
+        .get("/v1/agent/leases", routes::poll_leases)
+        .post("/v1/agent/leases/{id}/events", routes::lease_event)
+        .post("/v1/agent/leases/{id}/logs", routes::lease_log)
+        .post("/v1/agent/key", routes::rotate_node_key)
+        .post("/v1/agent/reclaim", routes::agent_reclaim)
+        .put("/v1/agent/node", routes::restate_node)
+        .post("/v1/agent/resume", routes::agent_resume)
+        .post("/v1/agent/leases/{id}/progress", routes::lease_progress)
+        .post("/v1/agent/usage", routes::report_usage)
+        .post("/v1/agent/attestations", routes::attest)
+        .post("/v1/agent/canaries", routes::canary_result)
+        .add(
+            "post",
+            "/v1/agent/canaries/{id}/proof",
+            post(routes::canary_proof).layer(DefaultBodyLimit::max(api::CANARY_PROOF_BODY_BYTES_MAX)),
+        )
+        .get("/v1/trust", routes::trust)
+        .get("/v1/frauds", routes::frauds)
+        .post("/v1/provider/bond", routes::post_bond)
+        .post("/v1/admin/bonds", routes::admin_bond)
+        .get("/v1/nodes/{id}/canaries", routes::node_canaries)
+        .post("/v1/nodes/{id}/verify", routes::verify_node)
+        .post("/v1/admin/accounts", routes::create_account)
+        .get("/v1/admin/accounts", routes::list_accounts)
+        .post("/v1/accounts/{id}/keys", routes::create_key)
+        .get("/v1/accounts/{id}/keys", routes::list_keys)
+        .post("/v1/keys/{key_id}/revoke", routes::revoke_key)
+        .post("/v1/keys/rotate", routes::rotate_key)
+        .post("/v1/admin/credits", routes::credit)
+        .get("/v1/admin/evidence", routes::evidence)
+}
+
+/// A router that remembers the (method, path) of every route added to it.
+#[derive(Default)]
+pub(crate) struct ApiRoutes {
+    router: Router<Arc<AppState>>,
+    pub(crate) added: Vec<(&'static str, &'static str)>,
+}
+
+impl ApiRoutes {
+    /// One method of a path (axum merges the methods of a path added more than once).
+    fn add(mut self, method: &'static str, path: &'static str, route: MethodRouter<Arc<AppState>>) -> Self {
+        self.added.push((method, path));
+        self.router = self.router.route(path, route);
+        self
+    }
+
+    fn get<H: Handler<T, Arc<AppState>>, T: 'static>(self, path: &'static str, handler: H) -> Self {
+        self.add("get", path, get(handler))
+    }
+
+    fn post<H: Handler<T, Arc<AppState>>, T: 'static>(self, path: &'static str, handler: H) -> Self {
+        self.add("post", path, post(handler))
+    }
+
+    fn put<H: Handler<T, Arc<AppState>>, T: 'static>(self, path: &'static str, handler: H) -> Self {
+        self.add("put", path, put(handler))
+    }
+
+    fn delete<H: Handler<T, Arc<AppState>>, T: 'static>(self, path: &'static str, handler: H) -> Self {
+        self.add("delete", path, delete(handler))
+    }
 }
 
 /// Answers a request whose handler panicked with a 500 and the API's error body, and logs the

@@ -344,7 +344,7 @@ async fn each_key_opens_only_its_roles_endpoints() {
                 "POST",
                 "/v1/agent/heartbeat",
                 Some(json!({})),
-                400,
+                401,
             ),
         ])
         .await;

@@ -609,7 +609,7 @@ async fn gold_work_waits_for_a_gold_badge_and_bonds_are_posted_by_the_rules() {
         for (body, status, says) in [
             (
                 json!({"provider_id": tenant.id, "amount": "1.00", "key": "k"}),
-                400,
+                404,
                 "providers",
             ),
             (
@@ -645,7 +645,7 @@ async fn gold_work_waits_for_a_gold_badge_and_bonds_are_posted_by_the_rules() {
             .refused(403, "a tenant reads a standing");
         h.get(&h.admin, "/v1/trust")
             .await
-            .refused(400, "an admin names no provider");
+            .refused(404, "an admin has no standing of its own");
         let other = h.provider("other-farm").await;
         h.get(&other.key, &format!("/v1/trust?provider_id={}", provider.id))
             .await

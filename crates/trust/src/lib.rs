@@ -65,8 +65,8 @@
 //!
 //! # Errors and HTTP
 //!
-//! [`TrustError`] variants map to status codes at the API edge, for example: `BadHeader`,
-//! `BadKey` → 400; `BadSignature`, `Stale`, `BadApiKey` → 401; `Replayed` → 409;
+//! [`TrustError`] variants map to status codes at the API edge, for example: `BadKey` → 400;
+//! `BadHeader`, `BadSignature`, `Stale`, `BadApiKey` → 401; `Replayed` → 409;
 //! `NonceCacheFull` → 503 (retry later with a new nonce).
 
 mod api_key;

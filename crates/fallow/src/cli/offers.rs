@@ -23,7 +23,7 @@ enum OffersCommand {
         #[arg(default_value = "")]
         filter: String,
         /// The most offers shown.
-        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=api::OFFERS_PAGE_MAX as u64))]
         limit: u64,
     },
 }

@@ -161,7 +161,10 @@ pub async fn credit(
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("account {} not found", request.account_id)))?;
     if account.role != Role::Tenant {
-        return Err(ApiError::BadRequest(format!("account {} is not a tenant", account.id)));
+        return Err(ApiError::NotFound(format!(
+            "tenant {0} not found: account {0} is a {1} account, and credit is for tenants",
+            account.id, account.role
+        )));
     }
     let amount = Micros::parse_dollars(&request.amount)
         .filter(|amount| amount.0 > 0 && amount.0 <= 10_000_000 * Micros::PER_DOLLAR)

@@ -131,7 +131,10 @@ pub async fn invoice(
 ) -> ApiResult<Json<InvoiceView>> {
     require(&caller, &[Role::Tenant, Role::Admin])?;
     if caller.role == Role::Admin && query.account_id.is_none() {
-        return Err(ApiError::BadRequest("account_id: name the tenant to invoice".into()));
+        // The caller's own invoice, and an admin's account has none.
+        return Err(ApiError::NotFound(
+            "an admin's account has no invoice; name the tenant with account_id".into(),
+        ));
     }
     let id = account_in_view(
         &caller,

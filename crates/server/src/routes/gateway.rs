@@ -159,6 +159,21 @@ pub async fn report_gateway(
             "url: {url:?} is not an http:// or https:// URL agents can dial"
         )));
     }
+    // Counts are kept as u64 and shown as i64: past that, a report is not a count.
+    let past_i64 = |count: u64| count > i64::MAX as u64;
+    if report.services.iter().any(|service| {
+        [
+            service.requests,
+            service.errors,
+            service.prompt_tokens,
+            service.completion_tokens,
+        ]
+        .into_iter()
+        .chain(service.latency.iter().map(|bucket| bucket.count))
+        .any(past_i64)
+    }) {
+        return Err(ApiError::BadRequest("services: a count past 2^63 - 1".into()));
+    }
     if report.services.len() > 100_000 || report.in_flight.len() > 1_000_000 {
         return Err(ApiError::BadRequest("a report of more than 100,000 services".into()));
     }

@@ -170,7 +170,7 @@ pub(super) async fn new_node(
         )));
     }
     check_coordinates(registration.latitude, registration.longitude)?;
-    if registration.memory_mib > 1 << 40 || registration.cpu_milli == 0 {
+    if registration.memory_mib > api::MEMORY_MIB_MAX || registration.cpu_milli == 0 {
         return Err(ApiError::BadRequest(
             "cpu_milli must be positive and memory_mib at most 2^40".into(),
         ));

@@ -18,7 +18,7 @@ use super::AppStateRef;
 pub struct OfferQuery {
     #[serde(default)]
     filter: String,
-    limit: Option<usize>,
+    limit: Option<i64>,
 }
 
 /// Offers are searchable by anyone with a key: they are the market's public face.
@@ -28,7 +28,14 @@ pub async fn search_offers(
     Query(query): Query<OfferQuery>,
 ) -> ApiResult<Json<OfferList>> {
     let filter = OfferFilter::parse(&query.filter)?;
-    let limit = query.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=api::OFFERS_PAGE_MAX).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit: {limit} is not 1–{}",
+            api::OFFERS_PAGE_MAX
+        )));
+    }
+    let limit = limit as usize;
     crate::reconcile::ensure_view(&state).await?;
     let view = state.view.lock().await;
     let view = view

@@ -158,8 +158,9 @@ pub async fn trust(
     let provider = match (caller.role, query.provider_id) {
         (Role::Admin, Some(id)) => id,
         (Role::Admin, None) => {
-            return Err(ApiError::BadRequest(
-                "provider_id: name the provider whose standing to show".into(),
+            // The caller's own standing, and an admin has none.
+            return Err(ApiError::NotFound(
+                "an admin has no standing of its own; name the provider with provider_id".into(),
             ));
         }
         (_, Some(id)) if id != caller.account_id => {
@@ -233,8 +234,8 @@ pub async fn admin_bond(
     match state.store.account(provider).await? {
         Some(account) if account.role == Role::Provider => {}
         Some(account) => {
-            return Err(ApiError::BadRequest(format!(
-                "account {provider} is a {} account; bonds are for providers",
+            return Err(ApiError::NotFound(format!(
+                "provider {provider} not found: account {provider} is a {} account, and bonds are for providers",
                 account.role
             )));
         }

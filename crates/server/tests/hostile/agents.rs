@@ -43,20 +43,20 @@ async fn bad_signed_requests_are_refused() {
         let mut cases = vec![
             expect_saying(
                 Raw::new("no signing headers", "POST", path).json_bytes(body.clone()),
-                400,
+                401,
                 "missing",
             ),
-            expect(remove(signed("no timestamp", now), trust::HEADER_TIMESTAMP), 400),
-            expect(remove(signed("no nonce", now), trust::HEADER_NONCE), 400),
-            expect(remove(signed("no signature", now), trust::HEADER_SIGNATURE), 400),
-            expect(remove(signed("no node", now), trust::HEADER_NODE), 400),
+            expect(remove(signed("no timestamp", now), trust::HEADER_TIMESTAMP), 401),
+            expect(remove(signed("no nonce", now), trust::HEADER_NONCE), 401),
+            expect(remove(signed("no signature", now), trust::HEADER_SIGNATURE), 401),
+            expect(remove(signed("no node", now), trust::HEADER_NODE), 401),
             expect(
                 replace(signed("node not a number", now), trust::HEADER_NODE, b"node-1"),
-                400,
+                401,
             ),
             expect(
                 replace(signed("timestamp not a number", now), trust::HEADER_TIMESTAMP, b"soon"),
-                400,
+                401,
             ),
             expect_saying(
                 replace(signed("unregistered node", now), trust::HEADER_NODE, b"987654321"),
@@ -65,7 +65,7 @@ async fn bad_signed_requests_are_refused() {
             ),
             expect(
                 replace(signed("nonce too short", now), trust::HEADER_NONCE, b"abc"),
-                400,
+                401,
             ),
             expect(
                 replace(
@@ -73,11 +73,11 @@ async fn bad_signed_requests_are_refused() {
                     trust::HEADER_NONCE,
                     b"00112233445566778899AABBCCDDEEFF",
                 ),
-                400,
+                401,
             ),
             expect(
                 replace(signed("signature not hex", now), trust::HEADER_SIGNATURE, b"zz"),
-                400,
+                401,
             ),
             expect_saying(
                 replace(
@@ -535,7 +535,7 @@ async fn bad_key_rotations_are_refused_and_change_nothing() {
             expect_saying(
                 Raw::new("unsigned", "POST", path)
                     .json_bytes(serde_json::to_vec(&json!({"public_key": fresh})).unwrap()),
-                400,
+                401,
                 "x-fallow-node",
             ),
         ];

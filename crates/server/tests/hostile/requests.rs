@@ -664,7 +664,7 @@ async fn malformed_provider_and_admin_bodies_are_refused() {
             expect_saying(account("taken name", json!({"role": "tenant", "name": "acme"})), 409, "already exists"),
             expect(account("no role", json!({"name": "x"})), 400),
             expect(account("extra field", json!({"role": "tenant", "name": "x", "balance": 100})), 400),
-            expect_saying(credit("to a provider", json!({"account_id": provider.id, "amount": "5", "key": "k1"})), 400, "not a tenant"),
+            expect_saying(credit("to a provider", json!({"account_id": provider.id, "amount": "5", "key": "k1"})), 404, "credit is for tenants"),
             expect_saying(credit("to nobody", json!({"account_id": 987_654_321, "amount": "5", "key": "k2"})), 404, "not found"),
             expect_saying(credit("empty key", json!({"account_id": tenant.id, "amount": "5", "key": ""})), 400, "key"),
             expect(credit("account id a word", json!({"account_id": "acme", "amount": "5", "key": "k3"})), 400),
