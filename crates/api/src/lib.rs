@@ -239,6 +239,11 @@ pub struct JobView {
     /// What the job reports it has done, and its cost per million units so far.
     #[serde(default)]
     pub progress: Option<ProgressView>,
+    /// The job's exit code once it has ended: 0 when it finished; when it failed, the code of
+    /// the replica that failed first (absent when none exited with one: a node lost, a
+    /// replica stopped). What `fallow job submit --wait` exits with.
+    #[serde(default)]
+    pub exit_code: Option<i64>,
 }
 
 /// A job's progress as its replicas report it (lines `COUNT UNIT` appended to the file named
@@ -286,6 +291,9 @@ pub struct LeaseView {
     pub preempt_at_us: Option<i64>,
     pub ended_at_us: Option<i64>,
     pub end_reason: String,
+    /// The replica's exit code, when it ended by exiting (finished or failed) and said so.
+    #[serde(default)]
+    pub exit_code: Option<i64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]

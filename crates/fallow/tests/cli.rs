@@ -576,11 +576,60 @@ async fn cli_process_job_runs_to_finished_and_prints_its_output() {
         tenant.json(&format!("job logs {id} --json"))["chunks"][0]["text"],
         "hi\n"
     );
-    // --wait follows a job to its end; one that fails exits non-zero and says where to look.
+    // --wait prints the job's output as it comes and exits with the job's exit code, saying where
+    // to look when it failed; `job logs --follow` exits the same way; --quiet shows the state.
     let submit = "job submit --wait --gpus 1 --tier silver --max-price 5 --process --";
-    let waited = tenant.ok(&format!("{submit} true"));
+    let streamed = tenant.run(&format!("{submit} sh -c"), &["echo streamed; exit 3"]);
+    let stderr = String::from_utf8_lossy(&streamed.stderr).to_string();
+    assert_eq!(streamed.status.code(), Some(3), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&streamed.stdout).contains("streamed\n"),
+        "{streamed:?}"
+    );
+    assert!(
+        stderr.contains("failed") && stderr.contains("fallow job logs"),
+        "{stderr}"
+    );
+    let failed = tenant.json("job list --json --state failed")["jobs"].clone();
+    let failed_id = failed[0]["id"].as_i64().expect("the failed job");
+    assert!(
+        failed
+            .as_array()
+            .is_some_and(|jobs| jobs.iter().all(|job| job["state"] == "failed")),
+        "{failed}"
+    );
+    assert_eq!(tenant.json(&format!("job show {failed_id} --json"))["exit_code"], 3);
+    let followed = tenant.run(&format!("job logs {failed_id} --follow"), &[]);
+    assert_eq!(followed.status.code(), Some(3), "{followed:?}");
+    assert_eq!(String::from_utf8_lossy(&followed.stdout), "streamed\n");
+    let waited = tenant.ok("job submit --wait --quiet --gpus 1 --tier silver --max-price 5 --process -- true");
     assert!(waited.contains("state:") && waited.contains("finished"), "{waited}");
-    tenant.fails(&format!("{submit} false"), &["failed", "fallow job logs"]);
+    let finished = tenant.json("job list --json --state finished --since 1h")["jobs"].clone();
+    assert!(finished.as_array().is_some_and(|jobs| jobs.len() >= 2), "{finished}");
+    let later = tenant.json("job list --json --since 2099-01-01T00:00Z");
+    assert_eq!(later["jobs"], json!([]), "nothing submitted after 2099");
+    tenant.fails(&format!("{submit} false"), &["failed", "fallow job logs", "exit 1"]);
+    // Cancelled while it waits: 130.
+    let (home, url, key) = (tenant.home.to_path_buf(), tenant.url.clone(), tenant.key.clone());
+    let waiting = tokio::task::spawn_blocking(move || {
+        let waiter = User { home: &home, url, key };
+        waiter.run(
+            "job submit --wait --quiet --gpus 1 --tier silver --max-price 5 --region nowhere --process -- true",
+            &[],
+        )
+    });
+    let deadline = Instant::now() + JOB_FINISHES_WITHIN;
+    let queued = loop {
+        let queued = tenant.json("job list --json --state queued");
+        if let Some(id) = queued["jobs"][0]["id"].as_i64() {
+            break id;
+        }
+        assert!(Instant::now() < deadline, "the waiting job was never listed as queued");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    tenant.ok(&format!("job cancel {queued}"));
+    let cancelled = waiting.await.expect("the waiting CLI");
+    assert_eq!(cancelled.status.code(), Some(130), "{cancelled:?}");
 
     // A lease's end reason too long for the lease table is shown in full under it.
     let missing = "/no/such/program/named/at/length/so/that/the/reason/for/its/failure/is/long";

@@ -161,6 +161,8 @@ enum Kind {
     UInt64,
     Bool,
     Text,
+    /// A job's state (`store::JobState`).
+    JobState,
     /// A page's size: 1 to this many.
     Limit(i64),
     /// A month, `YYYY-MM`.
@@ -173,6 +175,9 @@ impl Kind {
             Kind::Int64 => json!({"type": "integer", "format": "int64"}),
             Kind::UInt64 => json!({"type": "integer", "minimum": 0, "maximum": u64::MAX}),
             Kind::Bool => json!({"type": "boolean"}),
+            Kind::JobState => {
+                json!({"type": "string", "enum": store::JobState::ALL.iter().map(|state| state.as_str()).collect::<Vec<_>>()})
+            }
             Kind::Limit(most) => json!({"type": "integer", "format": "int64", "minimum": 1, "maximum": most}),
             Kind::Text => json!({"type": "string"}),
             Kind::Month => json!({"type": "string", "pattern": "^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])$"}),
@@ -195,6 +200,12 @@ const PAGE: &[Param] = &[
         "limit",
         Kind::Limit(api::PAGE_SIZE_MAX),
         "At most this many (default 50)",
+    ),
+    param("state", Kind::JobState, "Only jobs in this state"),
+    param(
+        "since_us",
+        Kind::Int64,
+        "Only jobs submitted at or after this time (µs since the Unix epoch)",
     ),
 ];
 const LOG_PAGE: &[Param] = &[
@@ -297,7 +308,7 @@ const PATHS: &[Operation] = &[
         path: "/v1/jobs",
         id: "listJobs",
         who: Who::Key("tenant"),
-        summary: "List your jobs, newest first (?before=&limit=)",
+        summary: "List your jobs, newest first (?before=&limit=&state=&since_us=)",
         request: None,
         response: Body::Schema("JobList"),
         status: 200,

@@ -27,6 +27,39 @@ pub fn lease_view(lease: &LeaseRecord) -> LeaseView {
         preempt_at_us: lease.lease.preempt_at,
         ended_at_us: lease.ended_at,
         end_reason: lease.end_reason.clone(),
+        exit_code: exit_code_in(&lease.end_reason),
+    }
+}
+
+/// How a replica's end reason records its exit code (an attestation's, or an agent's report).
+pub fn exit_reason(code: i64) -> String {
+    format!("exit code {code}")
+}
+
+/// The exit code an end reason records (`exit_reason`, maybe followed by "; detail").
+pub fn exit_code_in(reason: &str) -> Option<i64> {
+    let rest = reason.strip_prefix("exit code ")?;
+    rest.split(';').next()?.trim().parse().ok()
+}
+
+/// A job's exit code (`JobView::exit_code`): 0 when it finished; when it failed, the code of
+/// the replica that failed first, by end time then replica.
+fn job_exit_code(job: &JobRecord, leases: &[LeaseRecord]) -> Option<i64> {
+    match job.state {
+        store::JobState::Finished => Some(0),
+        store::JobState::Failed => leases
+            .iter()
+            .filter(|lease| lease.state == model::LeaseState::Failed)
+            .filter_map(|lease| {
+                Some((
+                    lease.ended_at.unwrap_or(i64::MAX),
+                    lease.lease.replica,
+                    exit_code_in(&lease.end_reason)?,
+                ))
+            })
+            .min()
+            .map(|(_, _, code)| code),
+        _ => None,
     }
 }
 
@@ -106,6 +139,7 @@ pub fn job_view(job: &JobRecord, leases: &[LeaseRecord], cost_micros: i64, escro
         escrow_micros,
         explanation: None,
         progress: None,
+        exit_code: job_exit_code(job, leases),
     }
 }
 
@@ -171,5 +205,18 @@ pub fn reputation_view(reputation: &trust::rules::Reputation) -> api::Reputation
             .zip(reputation.inputs)
             .map(|(outcome, weight)| (outcome.name().to_string(), round(weight)))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{exit_code_in, exit_reason};
+
+    #[test]
+    fn an_end_reason_gives_back_the_exit_code_it_records() {
+        assert_eq!(exit_code_in(&exit_reason(3)), Some(3));
+        assert_eq!(exit_code_in(&format!("{}; out of memory", exit_reason(-9))), Some(-9));
+        assert_eq!(exit_code_in("preempted for job 7"), None);
+        assert_eq!(exit_code_in("exit code x"), None);
     }
 }

@@ -14,6 +14,17 @@ use crate::{
 };
 
 const JOB_COLUMNS: &str = "id, tenant_id, client_token, spec, tier, state, state_reason, submitted_at, updated_at, gang_epoch, gang_since, avoid_nodes, gang_restarts, gang_assembled_at";
+/// Which of a tenant's jobs a listing shows (`Store::jobs_of_tenant_where`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct JobsWhere {
+    /// Only ids below this one (the next page).
+    pub before: Option<i64>,
+    pub limit: i64,
+    pub state: Option<JobState>,
+    /// Only jobs submitted at or after this time (µs).
+    pub since_us: Option<i64>,
+}
+
 const LEASE_COLUMNS: &str = "id, job_id, replica, node_id, gpu_mask, gpu_milli, cpu_milli, memory_mib, epoch, \
     price_micros, state, tier, gpu_model, region, created_at, expected_end, preempt_at, ended_at, end_reason, preempted_by";
 
@@ -147,14 +158,37 @@ impl Store {
 
     /// A tenant's jobs, newest first, at most `limit`, with ids below `before` when given.
     pub async fn jobs_of_tenant(&self, tenant_id: i64, before: Option<i64>, limit: i64) -> Result<Vec<JobRecord>> {
-        let query =
-            format!("SELECT {JOB_COLUMNS} FROM jobs WHERE tenant_id = $1 AND id < $2 ORDER BY id DESC LIMIT $3");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(query))
+        self.jobs_of_tenant_where(
+            tenant_id,
+            &JobsWhere {
+                before,
+                limit,
+                ..JobsWhere::default()
+            },
+        )
+        .await
+    }
+
+    /// A tenant's jobs, newest first, that `filter` admits.
+    pub async fn jobs_of_tenant_where(&self, tenant_id: i64, filter: &JobsWhere) -> Result<Vec<JobRecord>> {
+        // Placeholders numbered in the order they appear (SQLite numbers `$N` that way).
+        let (state, limit) = if filter.state.is_some() {
+            (" AND state = $4", "$5")
+        } else {
+            ("", "$4")
+        };
+        let query = format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE tenant_id = $1 AND id < $2 AND submitted_at >= $3{state} \
+             ORDER BY id DESC LIMIT {limit}"
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(query))
             .bind(tenant_id)
-            .bind(before.unwrap_or(i64::MAX))
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
+            .bind(filter.before.unwrap_or(i64::MAX))
+            .bind(filter.since_us.unwrap_or(i64::MIN));
+        if let Some(state) = filter.state {
+            query = query.bind(state.as_str());
+        }
+        let rows = query.bind(filter.limit).fetch_all(&self.pool).await?;
         rows.iter().map(job_from).collect()
     }
 

@@ -16,7 +16,7 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyConnection, AnyPool, Connection, Row};
 
 pub use gangs::GangMember;
-pub use jobs::{JobEnd, PlacementWrite};
+pub use jobs::{JobEnd, JobsWhere, PlacementWrite};
 pub use ledger::LedgerOutcome;
 /// The lease states are the model's: one enum from the matcher to the database.
 pub use model::LeaseState;

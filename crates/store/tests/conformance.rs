@@ -492,6 +492,54 @@ async fn jobs_leases_and_fencing() {
                 .len(),
             1
         );
+        let listed = |filter: store::JobsWhere| {
+            let store = &store;
+            async move {
+                let jobs = store.jobs_of_tenant_where(tenant.id, &filter).await.unwrap();
+                jobs.iter().map(|job| job.id).collect::<Vec<_>>()
+            }
+        };
+        let second = store.job(jobs[1].id).await.unwrap().unwrap();
+        let first_state = store.job(jobs[0].id).await.unwrap().unwrap().state;
+        assert_ne!(
+            second.state, first_state,
+            "{backend}: the two jobs are in different states"
+        );
+        let limit = 10;
+        let state = Some(second.state);
+        assert_eq!(
+            listed(store::JobsWhere {
+                limit,
+                state,
+                ..Default::default()
+            })
+            .await,
+            vec![jobs[1].id],
+            "{backend}"
+        );
+        let since_us = Some(second.submitted_at);
+        assert_eq!(
+            listed(store::JobsWhere {
+                limit,
+                since_us,
+                ..Default::default()
+            })
+            .await
+            .len(),
+            2,
+            "{backend}"
+        );
+        let since_us = Some(second.submitted_at + 1);
+        assert_eq!(
+            listed(store::JobsWhere {
+                limit,
+                since_us,
+                ..Default::default()
+            })
+            .await,
+            Vec::<i64>::new(),
+            "{backend}"
+        );
         let points = store.price_points(0, 10).await.unwrap();
         assert_eq!(points.len(), 2, "{backend}");
         assert_eq!(points[0].gpu_milli_total, 2000);

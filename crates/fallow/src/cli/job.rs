@@ -59,9 +59,15 @@ enum JobCommand {
 struct SubmitArgs {
     #[command(flatten)]
     spec: SpecArgs,
-    /// Wait until the job ends, showing its state; exit non-zero if it fails or is cancelled.
+    /// Wait until the job ends, printing its output as it comes, and exit with the job's exit
+    /// code: 0 when it finished; the code of the replica that failed first; 1 for a failure with
+    /// no code of its own (a node lost); 69 when it was never placed; 75 when it was preempted
+    /// and not resumed; 130 when it was cancelled.
     #[arg(long)]
     wait: bool,
+    /// With --wait: show the job's state only, not its output.
+    #[arg(long, short = 'q', requires = "wait")]
+    quiet: bool,
 }
 
 #[derive(Args)]
@@ -72,13 +78,21 @@ struct ListArgs {
     /// Only jobs older than this id (the next page).
     #[arg(long, value_name = "ID")]
     before: Option<i64>,
+    /// Only jobs in this state.
+    #[arg(long, value_parser = ["queued", "running", "finished", "failed", "cancelled"])]
+    state: Option<String>,
+    /// Only jobs submitted in this last stretch of time (e.g. 90m, 2h, 7d) or since this UTC time
+    /// (e.g. 2026-12-08T09:00Z).
+    #[arg(long, value_name = "AGO|TIME", value_parser = parse_since)]
+    since: Option<i64>,
 }
 
 #[derive(Args)]
 struct LogsArgs {
     /// The job's id.
     id: i64,
-    /// Keep printing new output until the job ends.
+    /// Keep printing new output until the job ends; then exit as `job submit --wait` does (0
+    /// when the job finished, else its code).
     #[arg(long, short = 'f')]
     follow: bool,
     /// Only this replica's output (replicas count from 0).
@@ -190,7 +204,8 @@ pub fn run(args: JobArgs) -> anyhow::Result<()> {
     match args.command {
         JobCommand::Submit(submit_args) => {
             let body = submit_args.spec.request(false)?;
-            submit(&connect()?, body, submit_args.wait)
+            let wait = submit_args.wait.then_some(submit_args.quiet);
+            submit(&connect()?, body, wait)
         }
         JobCommand::Quote(spec) => {
             let body = spec.request(true)?;
@@ -203,10 +218,82 @@ pub fn run(args: JobArgs) -> anyhow::Result<()> {
     }
 }
 
-fn submit(client: &Client, body: Map<String, Value>, wait: bool) -> anyhow::Result<()> {
+/// A job's end as the process's exit status: `job submit --wait` and `job logs --follow` exit
+/// with `code` after saying `message` on stderr (`main` does both).
+#[derive(Debug)]
+pub struct JobExit {
+    pub code: u8,
+    pub message: String,
+}
+
+impl std::fmt::Display for JobExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for JobExit {}
+
+/// The exit codes of an ended job that did not finish, where it gave no code of its own.
+pub const EXIT_FAILED: u8 = 1;
+pub const EXIT_NEVER_PLACED: u8 = 69;
+pub const EXIT_PREEMPTED: u8 = 75;
+pub const EXIT_CANCELLED: u8 = 130;
+
+/// How an ended job exits the CLI: `Ok` when it finished, else a `JobExit` (see `--wait`).
+fn job_exit(job: &JobView) -> anyhow::Result<()> {
+    let last = job
+        .leases
+        .iter()
+        .max_by_key(|lease| (lease.ended_at_us.unwrap_or(i64::MAX), lease.id));
+    let code = match job.state.as_str() {
+        "finished" => return Ok(()),
+        "cancelled" => EXIT_CANCELLED,
+        _ => match job.exit_code {
+            // A shell's status is a byte; a code whose low byte is 0 still says "failed".
+            Some(code) => match (code & 0xff) as u8 {
+                0 => EXIT_FAILED,
+                byte => byte,
+            },
+            None if job.leases.is_empty() => EXIT_NEVER_PLACED,
+            None if last.is_some_and(|lease| lease.state == "preempted") => EXIT_PREEMPTED,
+            None => EXIT_FAILED,
+        },
+    };
+    let why = if job.state_reason.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", job.state_reason)
+    };
+    Err(JobExit {
+        code,
+        message: format!(
+            "job {0} {1}{why} (exit {code})\n  → its output: fallow job logs {0}",
+            job.id, job.state
+        ),
+    }
+    .into())
+}
+
+/// `--since`: a stretch of time back from now (`node reclaim --for`'s form) or an RFC 3339 time,
+/// as microseconds since the Unix epoch.
+fn parse_since(text: &str) -> Result<i64, String> {
+    if text.trim().starts_with(|c: char| c.is_ascii_digit()) && text.len() < 17 {
+        let ago_s = super::node::parse_duration_s(text)?;
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_micros() as i64);
+        return Ok(now_us.saturating_sub((ago_s as i64).saturating_mul(1_000_000)));
+    }
+    super::node::parse_time_us(text)
+}
+
+/// `wait`: None to return once submitted; Some(quiet) to wait for the end, printing the job's
+/// output as it comes unless quiet.
+fn submit(client: &Client, body: Map<String, Value>, wait: Option<bool>) -> anyhow::Result<()> {
     let answer = client.post("/v1/jobs", &Value::Object(body))?;
     let job: JobView = parse(&answer, "job")?;
-    if !wait {
+    let Some(quiet) = wait else {
         if client.json {
             output::print_json(&answer);
         } else {
@@ -217,9 +304,18 @@ fn submit(client: &Client, body: Map<String, Value>, wait: bool) -> anyhow::Resu
             );
         }
         return Ok(());
-    }
+    };
     if !client.json {
         println!("submitted job {}", job.id);
+        if !quiet {
+            // Its output as it comes, then its end: `job logs --follow`.
+            let follow = LogsArgs {
+                id: job.id,
+                follow: true,
+                replica: None,
+            };
+            return logs(client, &follow);
+        }
     }
     let (answer, job) = wait_for_end(client, job.id)?;
     if client.json {
@@ -227,14 +323,7 @@ fn submit(client: &Client, body: Map<String, Value>, wait: bool) -> anyhow::Resu
     } else {
         print_job(&answer, &job);
     }
-    match job.state.as_str() {
-        "finished" => Ok(()),
-        state => bail!(
-            "job {0} {state}: {1}\n  → its output: fallow job logs {0}",
-            job.id,
-            job.state_reason
-        ),
-    }
+    job_exit(&job)
 }
 
 /// Polls a job until it ends, with a spinner that says what it is doing.
@@ -302,6 +391,12 @@ fn list(client: &Client, args: &ListArgs) -> anyhow::Result<()> {
     if let Some(before) = args.before {
         query.push(("before", before.to_string()));
     }
+    if let Some(state) = &args.state {
+        query.push(("state", state.clone()));
+    }
+    if let Some(since_us) = args.since {
+        query.push(("since_us", since_us.to_string()));
+    }
     let answer = client.get("/v1/jobs", &query)?;
     if client.json {
         output::print_json(&answer);
@@ -309,7 +404,11 @@ fn list(client: &Client, args: &ListArgs) -> anyhow::Result<()> {
     }
     let page: JobList = parse(&answer, "job list")?;
     if page.jobs.is_empty() {
-        println!("no jobs yet: submit one with `fallow job submit`");
+        if args.state.is_some() || args.since.is_some() {
+            println!("no jobs match");
+        } else {
+            println!("no jobs yet: submit one with `fallow job submit`");
+        }
         return Ok(());
     }
     let mut table = Table::new(&[
@@ -507,6 +606,8 @@ fn logs(client: &Client, args: &LogsArgs) -> anyhow::Result<()> {
     // Whether any output was printed, or why there is none was said.
     let mut said_something = false;
     let mut stdout = std::io::stdout();
+    // The job as last read, when following: how it ended.
+    let mut last_read: Option<JobView> = None;
     loop {
         let answer = client.get(&path, &[("after", after.to_string()), ("limit", LOG_PAGE.to_string())])?;
         let page: JobLogs = parse(&answer, "logs")?;
@@ -547,6 +648,7 @@ fn logs(client: &Client, args: &LogsArgs) -> anyhow::Result<()> {
             if std::io::IsTerminal::is_terminal(&std::io::stderr()) && !client.json {
                 eprintln!("\n(job {} {})", job.id, job.state);
             }
+            last_read = Some(job);
             continue;
         }
         client.sleep(POLL_EVERY);
@@ -558,7 +660,10 @@ fn logs(client: &Client, args: &LogsArgs) -> anyhow::Result<()> {
         let job: JobView = parse(&client.get(&format!("/v1/jobs/{}", args.id), &[])?, "job")?;
         eprintln!("{}", no_output_of(&job, args.replica));
     }
-    Ok(())
+    match last_read {
+        Some(job) => job_exit(&job),
+        None => Ok(()),
+    }
 }
 
 /// `no_output_yet` for `job` (and only `replica`'s leases when one is asked for), with the

@@ -1049,7 +1049,7 @@ fn parse_limit<T: std::str::FromStr>(text: &str) -> Result<Limit<T>, String> {
 
 /// RFC 3339 (`2026-12-24T18:00:00Z`, `2026-12-24T19:00+01:00`; seconds optional) as microseconds
 /// since the Unix epoch.
-fn parse_time_us(text: &str) -> Result<i64, String> {
+pub(crate) fn parse_time_us(text: &str) -> Result<i64, String> {
     let bad = || format!("{text:?} is not a time like 2026-12-24T18:00:00Z (RFC 3339, with Z or an offset)");
     let text = text.trim();
     if text.len() < 17 || !text.is_char_boundary(10) || !text.is_char_boundary(11) {

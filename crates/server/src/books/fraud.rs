@@ -184,6 +184,7 @@ mod tests {
                 preempt_at_us: None,
                 ended_at_us: None,
                 end_reason: String::new(),
+                exit_code: None,
             },
             job: api::JobRequest::default(),
             gang: None,

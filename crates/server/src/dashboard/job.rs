@@ -329,6 +329,7 @@ mod tests {
             preempt_at_us: None,
             ended_at_us: ended,
             end_reason: String::new(),
+            exit_code: None,
         }
     }
 
@@ -380,6 +381,7 @@ mod tests {
             escrow_micros: 0,
             explanation: None,
             progress: None,
+            exit_code: None,
         };
         let states = [(
             &ended,

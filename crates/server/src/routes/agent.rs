@@ -250,7 +250,7 @@ pub async fn lease_event(
     check_name("detail", &reported, false)?;
     let now = state.now_us();
     let detail = match event.exit_code {
-        Some(code) => format!("exit code {code}; {reported}"),
+        Some(code) => format!("{}; {reported}", crate::wire::exit_reason(code)),
         None => reported.clone(),
     };
     let moved = if to.is_live() {

@@ -115,6 +115,10 @@ pub async fn submit_job(
 pub struct Page {
     before: Option<i64>,
     limit: Option<i64>,
+    /// Only jobs in this state.
+    state: Option<String>,
+    /// Only jobs submitted at or after this time, µs since the Unix epoch.
+    since_us: Option<i64>,
 }
 
 pub async fn list_jobs(
@@ -127,10 +131,20 @@ pub async fn list_jobs(
     if !(1..=PAGE_SIZE_MAX).contains(&limit) {
         return Err(ApiError::BadRequest(format!("limit: {limit} is not 1–{PAGE_SIZE_MAX}")));
     }
-    let jobs = state
-        .store
-        .jobs_of_tenant(caller.account_id, page.before, limit)
-        .await?;
+    let job_state = match page.state.as_deref() {
+        None => None,
+        Some(text) => Some(store::JobState::parse(text).ok_or_else(|| {
+            let states: Vec<&str> = store::JobState::ALL.iter().map(|state| state.as_str()).collect();
+            ApiError::BadRequest(format!("state: {text:?} is not one of {}", states.join(", ")))
+        })?),
+    };
+    let filter = store::JobsWhere {
+        before: page.before,
+        limit,
+        state: job_state,
+        since_us: page.since_us,
+    };
+    let jobs = state.store.jobs_of_tenant_where(caller.account_id, &filter).await?;
     let next_before = if jobs.len() as i64 == limit {
         jobs.last().map(|job| job.id)
     } else {
@@ -296,6 +310,8 @@ pub(crate) async fn jobs_page(
     let page = Page {
         before,
         limit: Some(limit),
+        state: None,
+        since_us: None,
     };
     Ok(list_jobs(State(state), Auth(caller), Query(page)).await?.0)
 }

@@ -293,7 +293,7 @@ pub async fn attest(State(state): AppStateRef, signed: Signed<SignedAttestation>
     } else {
         LeaseState::Failed
     };
-    let reason = format!("exit code {}", body.exit_code);
+    let reason = crate::wire::exit_reason(body.exit_code);
     replica_ended(&state, signed.node_id, &lease, body.epoch, to, &reason, "attested", now).await?;
     let lease = state
         .store
