@@ -18,14 +18,7 @@ use model::{
 use proptest::prelude::*;
 
 const MODELS: [&str; 5] = ["H100", "A100", "A10", "T4", "L40"];
-const LEVELS: [TopologyLevel; 6] = [
-    TopologyLevel::Node,
-    TopologyLevel::Nvlink,
-    TopologyLevel::Fabric,
-    TopologyLevel::Site,
-    TopologyLevel::Region,
-    TopologyLevel::Any,
-];
+const LEVELS: [TopologyLevel; 6] = TopologyLevel::ALL;
 
 /// One node: where it is (region, site in the region, fabric in the site, board in the
 /// fabric), what it has and what it asks.
