@@ -295,9 +295,6 @@ impl Client {
             StatusCode::PAYMENT_REQUIRED => {
                 "an admin credits tenants with `fallow admin credit ACCOUNT AMOUNT`".to_string()
             }
-            StatusCode::BAD_REQUEST if path.starts_with("/v1/trust") => {
-                "with an admin's key, name the provider: `fallow provider trust --provider ID`".to_string()
-            }
             StatusCode::NOT_FOUND => not_found_hint(path).to_string(),
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => "try again in a moment".to_string(),
             status if status.is_server_error() => {
@@ -342,7 +339,8 @@ fn not_found_hint(path: &str) -> &'static str {
     } else if path.starts_with("/v1/keys") {
         "`fallow admin key list ACCOUNT` shows an account's keys"
     } else if path.starts_with("/v1/trust") {
-        "`fallow admin account list` shows the providers' ids (with an admin's key; a provider sees only its own)"
+        "with an admin's key, name the provider: `fallow provider trust --provider ID`; `fallow admin account \
+         list` shows the providers' ids (a provider sees only its own)"
     } else if path.starts_with("/v1/accounts") || path.starts_with("/v1/admin") {
         "`fallow admin account list` shows the accounts' ids"
     } else {
