@@ -150,6 +150,8 @@ pub async fn start_edge(config: EdgeConfig) -> std::io::Result<RunningEdge> {
         )
         .route("/v1/agent/tunnel", post(tunnel))
         .route("/s/{service}", any(serve))
+        // `/s/NAME/` is the service's root, as `/s/NAME` is (a wildcard matches no empty path).
+        .route("/s/{service}/", any(serve))
         .route("/s/{service}/{*path}", any(serve))
         .fallback(|| async { answer(StatusCode::NOT_FOUND, "a gateway serves /s/{service}/… only") })
         .layer(axum::middleware::map_response(crate::error::name_the_wait))

@@ -67,6 +67,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .router
         // The gateway's data plane: a service's own requests and answers, not the API's.
         .route("/s/{service}", any(routes::serve))
+        // `/s/NAME/` is the service's root, as `/s/NAME` is (a wildcard matches no empty path).
+        .route("/s/{service}/", any(routes::serve))
         .route("/s/{service}/{*path}", any(routes::serve))
         .merge(dashboard::routes())
         .method_not_allowed_fallback(|method: axum::http::Method| async move {

@@ -251,6 +251,11 @@ async fn a_service_keeps_its_replicas_rolls_out_safely_and_scales_to_zero() {
                 "taken; no tunnel reaches the test's replica: {:?}",
                 through.body
             );
+            // The service's root, with or without its slash, is the service's, not a 404.
+            for root in ["/s/chat", "/s/chat/"] {
+                let at_root = h.call("GET", root, Some(&key), None).await;
+                assert_eq!(at_root.status, 503, "{root} is routed: {:?}", at_root.body);
+            }
             let other = h.call("GET", "/s/other/v1/models", Some(&key), None).await;
             assert_eq!(other.status, 403, "{:?}", other.body);
             h.get(&key, "/v1/services")

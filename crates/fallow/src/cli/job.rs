@@ -10,6 +10,7 @@ use clap::{ArgGroup, Args, Subcommand};
 use reqwest::Method;
 use serde_json::{Map, Value, json};
 
+use super::job_file::{self, JobFile, Purpose};
 use super::output::{self, Align, Spinner, Table, dollars, utc, utc_or_dash};
 use super::{Client, Connection, parse};
 
@@ -34,8 +35,8 @@ pub struct JobArgs {
 
 #[derive(Subcommand)]
 enum JobCommand {
-    /// Submit a job: flags, or a job file (`--file`) that flags override. Put the command after
-    /// `--`; with `--process` its first word is the program.
+    /// Submit a job: a job file (YAML, docs/job-files.md), flags, or both (flags win). Put the
+    /// command after `--`; with `--process` its first word is the program.
     Submit(SubmitArgs),
     /// Your jobs, newest first.
     List(ListArgs),
@@ -68,6 +69,9 @@ struct SubmitArgs {
     /// With --wait: show the job's state only, not its output.
     #[arg(long, short = 'q', requires = "wait")]
     quiet: bool,
+    /// Print the request (the API's JobRequest as JSON) and submit nothing; needs no key.
+    #[arg(long, conflicts_with = "wait")]
+    dry_run: bool,
 }
 
 #[derive(Args)]
@@ -104,8 +108,12 @@ struct LogsArgs {
 #[derive(Args)]
 #[command(group(ArgGroup::new("gpu_demand").args(["gpus", "gpu_share", "cu"])))]
 pub(super) struct SpecArgs {
-    /// A job file: the API's JobRequest as JSON (`-` reads stdin). Flags override its fields.
-    #[arg(long, short = 'f', value_name = "FILE")]
+    /// A job file: YAML (docs/job-files.md), or the API's JobRequest as JSON (a `.json` name or a
+    /// first `{`); `-` reads stdin. Flags override its fields.
+    #[arg(value_name = "JOB_FILE")]
+    job_file: Option<PathBuf>,
+    /// The job file, given as an option.
+    #[arg(long, short = 'f', value_name = "FILE", conflicts_with = "job_file")]
     file: Option<PathBuf>,
     /// Container image (needed unless --process or the job file names one).
     #[arg(long)]
@@ -204,6 +212,10 @@ pub fn run(args: JobArgs) -> anyhow::Result<()> {
     match args.command {
         JobCommand::Submit(submit_args) => {
             let body = submit_args.spec.request(false)?;
+            if submit_args.dry_run {
+                output::print_json(&Value::Object(body));
+                return Ok(());
+            }
             let wait = submit_args.wait.then_some(submit_args.quiet);
             submit(&connect()?, body, wait)
         }
@@ -725,18 +737,16 @@ impl SpecArgs {
     /// The JobRequest body: the job file's fields, then the flags over them. `for_quote` fills
     /// in an image when none is given, since a quote does not depend on it.
     fn request(&self, for_quote: bool) -> anyhow::Result<Map<String, Value>> {
-        let body = match &self.file {
-            Some(path) => read_job_file(path)?,
-            None => Map::new(),
-        };
+        let body = self.read_file(Purpose::Job)?.map(|file| file.job).unwrap_or_default();
         self.over(body, for_quote)
     }
 
-    /// The job file's fields when one is given, else `base`, with the flags over them.
-    pub(super) fn request_over(&self, base: Map<String, Value>) -> anyhow::Result<Map<String, Value>> {
-        match &self.file {
-            Some(_) => self.request(false),
-            None => self.over(base, false),
+    /// The job file, when one is given: its JobRequest fields and, read as a service's, the
+    /// ServiceRequest's own.
+    pub(super) fn read_file(&self, purpose: Purpose) -> anyhow::Result<Option<JobFile>> {
+        match self.job_file.as_ref().or(self.file.as_ref()) {
+            Some(path) => read_job_file(path, purpose).map(Some),
+            None => Ok(None),
         }
     }
 
@@ -745,7 +755,8 @@ impl SpecArgs {
         self.name.as_deref()
     }
 
-    fn over(&self, mut body: Map<String, Value>, for_quote: bool) -> anyhow::Result<Map<String, Value>> {
+    /// `body` (a job file's fields, or a service's replica as it is) with the flags over it.
+    pub(super) fn over(&self, mut body: Map<String, Value>, for_quote: bool) -> anyhow::Result<Map<String, Value>> {
         let mut set = |key: &str, value: Value| {
             body.insert(key.to_string(), value);
         };
@@ -869,7 +880,7 @@ impl SpecArgs {
             } else {
                 bail!(
                     "give --image IMAGE for a container job, or --process with the program after `--` \
-                     (or `image` in the job file)"
+                     (or `resources.image_id` or `runtime: process` in a job file)"
                 );
             }
         }
@@ -879,7 +890,7 @@ impl SpecArgs {
         if !body.contains_key("max_price_per_gpu_hour") {
             bail!(
                 "give --max-price DOLLARS, the most you pay per GPU-hour, e.g. --max-price 2.50 \
-                 (or `max_price_per_gpu_hour` in the job file); `fallow job quote` says what a job would pay now"
+                 (or `max_price` in a job file); `fallow job quote` says what a job would pay now"
             );
         }
         Ok(body)
@@ -890,14 +901,15 @@ fn non_empty<T>(items: &[T]) -> Option<&[T]> {
     (!items.is_empty()).then_some(items)
 }
 
-fn read_job_file(path: &PathBuf) -> anyhow::Result<Map<String, Value>> {
-    let shown = if path.as_os_str() == "-" {
-        "on stdin".to_string()
+fn read_job_file(path: &PathBuf, purpose: Purpose) -> anyhow::Result<JobFile> {
+    let stdin = path.as_os_str() == "-";
+    let shown = if stdin {
+        "<stdin>".to_string()
     } else {
         path.display().to_string()
     };
     let mut text = String::new();
-    if path.as_os_str() == "-" {
+    if stdin {
         std::io::stdin()
             .take(JOB_FILE_BYTES_MAX + 1)
             .read_to_string(&mut text)
@@ -910,11 +922,14 @@ fn read_job_file(path: &PathBuf) -> anyhow::Result<Map<String, Value>> {
     if text.len() as u64 > JOB_FILE_BYTES_MAX {
         bail!("the job file {shown} is over {JOB_FILE_BYTES_MAX} bytes, the API's limit");
     }
-    match serde_json::from_str(&text) {
-        Ok(Value::Object(body)) => Ok(body),
-        Ok(_) => bail!("the job file {shown} must hold one JSON object (the API's JobRequest)"),
-        Err(error) => bail!("the job file {shown} is not JSON: {error}"),
+    if path.extension().is_some_and(|extension| extension == "json") || job_file::is_json(&text) {
+        return match serde_json::from_str(&text) {
+            Ok(Value::Object(job)) => Ok(JobFile { job, service: None }),
+            Ok(_) => bail!("the job file {shown} must hold one JSON object (the API's JobRequest)"),
+            Err(error) => bail!("{shown}:{}:{}: not JSON: {error}", error.line(), error.column()),
+        };
     }
+    job_file::parse(&text, purpose).map_err(|fault| anyhow::anyhow!("{shown}:{fault}"))
 }
 
 /// How much GPU a replica asks for, in words.
@@ -1010,7 +1025,7 @@ fn parse_env(text: &str) -> Result<(String, String), String> {
     }
 }
 
-fn parse_dataset(text: &str) -> Result<DatasetRequest, String> {
+pub(super) fn parse_dataset(text: &str) -> Result<DatasetRequest, String> {
     let bad = || format!("{text:?} is not URL,DIGEST,SIZE_BYTES (e.g. https://host/data.tar,blake3:<64 hex>,1048576)");
     let mut parts = text.rsplitn(3, ',');
     let (Some(size), Some(digest), Some(url)) = (parts.next(), parts.next(), parts.next()) else {

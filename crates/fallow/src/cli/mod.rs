@@ -7,6 +7,7 @@ pub mod catalog;
 pub mod completions;
 pub mod config;
 pub mod job;
+pub mod job_file;
 pub mod node;
 pub mod offers;
 pub mod output;

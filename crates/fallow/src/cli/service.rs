@@ -13,6 +13,7 @@ use reqwest::Method;
 use serde_json::{Map, Value, json};
 
 use super::job::SpecArgs;
+use super::job_file::{JobFile, Purpose};
 use super::output;
 use super::{Client, Connection, parse};
 
@@ -26,13 +27,17 @@ pub struct ServiceArgs {
 
 #[derive(Subcommand)]
 enum ServiceCommand {
-    /// Deploy a service: `--name`, the replica as `job submit` takes it (image or `--process`
-    /// and the command after `--`, GPUs, tier, price cap, regions), and the service's flags.
+    /// Deploy a service: a service file (YAML with a `service` section, docs/job-files.md), or
+    /// `--name`, the replica as `job submit` takes it (image or `--process` and the command
+    /// after `--`, GPUs, tier, price cap, regions) and the service's flags; flags win.
     Deploy {
         #[command(flatten)]
         spec: SpecArgs,
         #[command(flatten)]
         service: ServiceFlags,
+        /// Print the request (the API's ServiceRequest as JSON) and deploy nothing; needs no key.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Your services: replicas, requests/s, p95, tokens.
     List,
@@ -42,9 +47,10 @@ enum ServiceCommand {
         /// The service's name.
         name: String,
     },
-    /// A new spec for a service (`--name` names it; flags change what they give): a changed
-    /// replica, port or health check rolls out one replica at a time; a version that never
-    /// becomes healthy stops and the old replicas serve on.
+    /// A new spec for a service (`--name` or the service file names it; a service file gives a
+    /// new replica and the settings it names; flags change what they give): a changed replica,
+    /// port or health check rolls out one replica at a time; a version that never becomes
+    /// healthy stops and the old replicas serve on.
     Update {
         #[command(flatten)]
         spec: SpecArgs,
@@ -159,9 +165,21 @@ impl ServiceFlags {
 }
 
 pub fn run(args: ServiceArgs) -> anyhow::Result<()> {
+    if let ServiceCommand::Deploy {
+        spec,
+        service,
+        dry_run: true,
+    } = &args.command
+    {
+        output::print_json(&deploy_request(spec, service)?);
+        return Ok(());
+    }
     let client = Client::connect(&args.connection)?;
     match args.command {
-        ServiceCommand::Deploy { spec, service } => deploy(&client, &spec, &service),
+        ServiceCommand::Deploy { spec, service, .. } => {
+            let answer = client.post("/v1/services", &deploy_request(&spec, &service)?)?;
+            print_service(&client, &answer)
+        }
         ServiceCommand::List => list(&client),
         ServiceCommand::Show { name } => show(&client, &name),
         ServiceCommand::Update { spec, service } => update(&client, &spec, &service),
@@ -222,10 +240,10 @@ fn path_of(name: &str) -> String {
     format!("/v1/services/{}", super::admin::path_segment(name))
 }
 
-/// The replica's job (without a name of its own unless one is given in a job file, and one
-/// replica per job).
+/// The replica's job: `base` (the job file's, or the replica as it is) with the flags over it,
+/// without a name of its own when `--name` names the service, and one replica per job.
 fn replica(spec: &SpecArgs, base: Map<String, Value>) -> anyhow::Result<Map<String, Value>> {
-    let mut job = spec.request_over(base)?;
+    let mut job = spec.over(base, false)?;
     if spec.name().is_some() {
         job.remove("name");
     }
@@ -233,29 +251,45 @@ fn replica(spec: &SpecArgs, base: Map<String, Value>) -> anyhow::Result<Map<Stri
     Ok(job)
 }
 
-fn deploy(client: &Client, spec: &SpecArgs, service: &ServiceFlags) -> anyhow::Result<()> {
-    let mut body = service.over(Map::new())?;
+/// The service file's replica and the service's own fields, when a file is given.
+fn read_file(spec: &SpecArgs) -> anyhow::Result<Option<JobFile>> {
+    spec.read_file(Purpose::Service)
+}
+
+/// The ServiceRequest `service deploy` sends.
+fn deploy_request(spec: &SpecArgs, service: &ServiceFlags) -> anyhow::Result<Value> {
+    let file = read_file(spec)?;
+    let (file_replica, file_service) = file.map_or((None, Map::new()), |file| {
+        (Some(file.job), file.service.unwrap_or_default())
+    });
+    let mut body = service.over(file_service)?;
     match spec.name() {
         Some(name) => {
             body.insert("name".to_string(), json!(name));
         }
         None if body.contains_key("name") => {}
-        None => bail!("give the service's name: --name NAME (letters, digits and '-')"),
+        None => bail!("give the service's name: --name NAME (letters, digits and '-'), or `name` in the service file"),
     }
-    let base = match body.remove("replica") {
+    let from_service_file = match body.remove("replica") {
         Some(Value::Object(replica)) => replica,
         _ => Map::new(),
     };
+    let base = file_replica.unwrap_or(from_service_file);
     body.insert("replica".to_string(), Value::Object(replica(spec, base)?));
-    let answer = client.post("/v1/services", &Value::Object(body))?;
-    print_service(client, &answer)
+    Ok(Value::Object(body))
 }
 
 fn update(client: &Client, spec: &SpecArgs, service: &ServiceFlags) -> anyhow::Result<()> {
-    let Some(name) = spec.name() else {
-        bail!("give the service's name: --name NAME");
+    let file = read_file(spec)?;
+    let file_name = file
+        .as_ref()
+        .and_then(|file| file.service.as_ref()?.get("name"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let Some(name) = spec.name().map(str::to_string).or(file_name) else {
+        bail!("give the service's name: --name NAME, or `name` in the service file");
     };
-    let current: ServiceView = parse(&client.get(&path_of(name), &[])?, "service")?;
+    let current: ServiceView = parse(&client.get(&path_of(&name), &[])?, "service")?;
     let Some(deployed) = current.deployed else {
         bail!("{name:?} is served by jobs alone, not a deployed service: `fallow service deploy` one");
     };
@@ -265,10 +299,18 @@ fn update(client: &Client, spec: &SpecArgs, service: &ServiceFlags) -> anyhow::R
     let Some(Value::Object(old_replica)) = base.remove("replica") else {
         bail!("the service's spec has no replica");
     };
+    // A service file gives a whole new replica and the settings it names.
+    let replica_base = match file {
+        Some(file) => {
+            base.extend(file.service.unwrap_or_default());
+            file.job
+        }
+        None => old_replica,
+    };
     let mut body = service.over(base)?;
     body.insert("name".to_string(), json!(name));
-    body.insert("replica".to_string(), Value::Object(replica(spec, old_replica)?));
-    let answer = client.put(&path_of(name), &Value::Object(body))?;
+    body.insert("replica".to_string(), Value::Object(replica(spec, replica_base)?));
+    let answer = client.put(&path_of(&name), &Value::Object(body))?;
     print_service(client, &answer)
 }
 
