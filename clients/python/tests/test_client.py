@@ -53,6 +53,25 @@ def test_submit_wait_and_read_the_output(client: Client) -> None:
     assert list(client.logs(job.id, replica=1)) == []
 
 
+def test_a_replicas_output_archive_kept_by_the_coordinator(client: Client) -> None:
+    import io
+    import tarfile
+
+    job = client.submit(shell('mkdir -p "$FALLOW_OUTPUT_DIR/sub" && echo 0.25 > "$FALLOW_OUTPUT_DIR/sub/loss.txt"'))
+    done = client.wait(job.id, timeout=WITHIN_S)
+    assert done.state == "finished", done
+    output = done.leases[-1].output
+    assert output is not None and output.kept and output.digest.startswith("blake3:"), done
+    data = client.output(job.id)
+    assert len(data) == output.size_bytes
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        member = archive.extractfile("sub/loss.txt")
+        assert member is not None and member.read() == b"0.25\n"
+    with pytest.raises(FallowError) as caught:
+        client.output(job.id, replica=1)
+    assert caught.value.status == 404
+
+
 def test_logs_follow_the_output_as_it_comes_until_the_end(client: Client) -> None:
     job = client.submit(shell("for i in 1 2 3; do echo line $i; sleep 1; done"))
     seen = []
@@ -214,6 +233,7 @@ def test_the_routes_and_fields_are_the_documents(client: Client) -> None:
     assert operations["getJob"] == ("get", "/v1/jobs/{id}")
     assert operations["listJobs"] == ("get", "/v1/jobs")
     assert operations["getJobLogs"] == ("get", "/v1/jobs/{id}/logs")
+    assert operations["getJobOutput"] == ("get", "/v1/jobs/{id}/output")
     assert operations["cancelJob"] == ("post", "/v1/jobs/{id}/cancel")
     assert operations["quoteJob"] == ("post", "/v1/jobs/quote")
     assert operations["searchOffers"] == ("get", "/v1/offers")
@@ -227,6 +247,7 @@ def test_the_routes_and_fields_are_the_documents(client: Client) -> None:
         ("JobRequest", fc.JobRequest),
         ("JobView", fc.JobView),
         ("LeaseView", fc.LeaseView),
+        ("OutputView", fc.OutputView),
         ("JobList", fc.JobList),
         ("JobLogs", fc.JobLogs),
         ("LogChunkView", fc.LogChunk),

@@ -91,6 +91,7 @@ def test_every_key_of_the_job_form() -> None:
         "repair_billing": "pause",
         "network": "bridge",
         "client_token": "sweep-2026-12-07",
+        "output_url": "https://bucket.example/sweep/out-{replica}.tar?X-Sig=abc",
     }
     assert job.class_ == "eval"
 

@@ -426,6 +426,26 @@ impl Client {
         .await
     }
 
+    /// Hands a replica's output archive to the coordinator to keep.
+    pub async fn output(
+        &self,
+        key: &NodeKey,
+        node_id: i64,
+        lease_id: i64,
+        upload: &api::OutputUpload,
+        timeout: std::time::Duration,
+    ) -> Result<api::OutputView, ClientError> {
+        self.signed(
+            key,
+            node_id,
+            reqwest::Method::POST,
+            &format!("/v1/agent/leases/{lease_id}/output"),
+            Some(upload),
+            timeout,
+        )
+        .await
+    }
+
     pub async fn attest(
         &self,
         key: &NodeKey,

@@ -13,6 +13,7 @@ pub mod gpu_clear;
 pub mod guard;
 pub mod image;
 pub mod matmul;
+pub mod output;
 pub mod scratch;
 pub mod state;
 pub mod topology;

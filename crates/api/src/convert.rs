@@ -218,6 +218,12 @@ impl JobRequest {
                 self.max_runtime_s
             ));
         }
+        if let Some(url) = &self.output_url {
+            text("output_url", url)?;
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return bad(format!("output_url: {url:?} is not an http(s):// URL"));
+            }
+        }
         if let Some(dir) = &self.checkpoint_dir {
             text("checkpoint_dir", dir)?;
             if !dir.starts_with('/') || dir.split('/').any(|part| part == "..") {

@@ -42,6 +42,25 @@ pub const PAGE_SIZE_MAX: i64 = 500;
 pub const MEMORY_MIB_MAX: u64 = 1 << 40;
 /// The most offers one search answers (`GET /v1/offers?limit=`).
 pub const OFFERS_PAGE_MAX: i64 = 1000;
+/// The largest output archive the coordinator keeps for a replica (`GET /v1/jobs/{id}/output`);
+/// a larger one needs an `output_url`.
+pub const OUTPUT_ARCHIVE_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// The largest body of an output upload: the archive in base64, and the rest of the JSON.
+pub const OUTPUT_UPLOAD_BODY_BYTES_MAX: usize = OUTPUT_ARCHIVE_BYTES_MAX / 3 * 4 + 64 * 1024;
+/// In an `output_url`, replaced by the replica's number (0, 1, …).
+pub const OUTPUT_URL_REPLICA: &str = "{replica}";
+
+/// Where replica `replica` of a job puts its output archive: the job's `output_url` with
+/// `{replica}` replaced; without `{replica}`, replica 0 alone uses it (the others', like a job's
+/// without a URL, are kept by the coordinator). `None`: the coordinator keeps it.
+pub fn output_url_of(output_url: Option<&str>, replica: i64) -> Option<String> {
+    let url = output_url?;
+    if url.contains(OUTPUT_URL_REPLICA) {
+        Some(url.replace(OUTPUT_URL_REPLICA, &replica.to_string()))
+    } else {
+        (replica == 0).then(|| url.to_string())
+    }
+}
 
 /// Every error the API returns: `{"error": {"code": "...", "message": "..."}}`.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
@@ -154,6 +173,12 @@ pub struct JobRequest {
     /// node's tunnel; absent: a batch replica no one calls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serve: Option<ServeSpec>,
+    /// An http(s) URL to which the agent PUTs the replica's `$FALLOW_OUTPUT_DIR` as a tar
+    /// archive when it ends (a presigned object-store URL, say); `{replica}` in it is replaced
+    /// by the replica's number, and without it only replica 0 uses it. A replica without a URL
+    /// has its archive kept by the coordinator, up to 16 MiB (`GET /v1/jobs/{id}/output`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_url: Option<String>,
 }
 
 /// How a serving replica is reached: the gateway sends `/s/{name}/PATH` to `PATH` on the
@@ -178,6 +203,10 @@ pub struct ServeSpec {
 }
 
 fn is_zero(value: &u32) -> bool {
+    *value == 0
+}
+
+fn is_zero_i64(value: &i64) -> bool {
     *value == 0
 }
 
@@ -294,6 +323,21 @@ pub struct LeaseView {
     /// The replica's exit code, when it ended by exiting (finished or failed) and said so.
     #[serde(default)]
     pub exit_code: Option<i64>,
+    /// The archive of what the replica left in `$FALLOW_OUTPUT_DIR`, as its node attested it;
+    /// absent when it left nothing there, or has not ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputView>,
+}
+
+/// A replica's output archive (a tar of `$FALLOW_OUTPUT_DIR`).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct OutputView {
+    /// "blake3:<64 hex>" of the archive.
+    pub digest: String,
+    pub size_bytes: i64,
+    /// True when the coordinator keeps it (`GET /v1/jobs/{id}/output?replica=N`); false when it
+    /// went to the job's `output_url`.
+    pub kept: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
@@ -308,6 +352,10 @@ pub struct JobList {
 pub struct QuoteView {
     pub price_micros_per_gpu_hour: Option<i64>,
     pub nodes_feasible: u64,
+    /// Of the nodes that fit, those that already hold every dataset the job names (it starts
+    /// there without fetching them); absent when the job names none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes_with_data: Option<u64>,
     pub gpus_feasible: u64,
     pub nodes_total: u64,
     /// Why nodes were excluded, in words.
@@ -958,6 +1006,16 @@ pub struct LogChunkRequest {
     pub text: String,
 }
 
+/// An agent's upload of a replica's output archive, for the coordinator to keep
+/// (`POST /v1/agent/leases/{id}/output`).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OutputUpload {
+    pub epoch: i64,
+    /// The tar archive, base64 (standard alphabet, padded); at most 16 MiB decoded.
+    pub archive_base64: String,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
 pub struct LogChunkAccepted {
     /// False when this chunk was stored before, or the lease's log is full.
@@ -1024,6 +1082,11 @@ pub struct AttestationBody {
     pub gpu_seconds_milli: i64,
     pub telemetry_digest: String,
     pub log_digest: String,
+    /// "blake3:<64 hex>" of the replica's output archive, where it left one (absent: none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub output_digest: String,
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub output_bytes: i64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]

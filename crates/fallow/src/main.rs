@@ -105,16 +105,17 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        // A job that did not finish: its code (`job submit --wait`, `job logs --follow`).
-        Err(error) if error.downcast_ref::<cli::job::JobExit>().is_some() => {
-            let exit = error.downcast_ref::<cli::job::JobExit>().expect("checked");
-            eprintln!("{exit}");
-            ExitCode::from(exit.code)
-        }
-        Err(error) => {
+        Err(error) => match error.downcast::<cli::job::JobExit>() {
+            // A job that did not finish: its code (`job submit --wait`, `job logs --follow`).
+            Ok(exit) => {
+                eprintln!("{exit}");
+                ExitCode::from(exit.code)
+            }
             // The chain of causes, in words; no backtrace for a user's mistake.
-            eprintln!("error: {error:#}");
-            ExitCode::FAILURE
-        }
+            Err(error) => {
+                eprintln!("error: {error:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }

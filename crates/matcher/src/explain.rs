@@ -34,6 +34,10 @@ pub struct Quote {
     /// GPUs on nodes that could take a replica now.
     pub gpus_available: u64,
     pub nodes_feasible: u64,
+    /// Of those, the nodes that already hold every dataset the job names (staged ahead, or
+    /// left by an earlier job): where it starts without fetching. All of them for a job that
+    /// names none.
+    pub nodes_holding_data: u64,
     pub explanation: Option<Explanation>,
 }
 
@@ -367,10 +371,18 @@ impl Matcher {
         let context = JobContext::new(job, now);
         let mut gpus_available = 0u64;
         let mut nodes_feasible = 0u64;
+        let mut nodes_holding_data = 0u64;
         for node in 0..self.nodes.len() {
             let load = &self.loads[node];
             if self.fit_on(node, load, &context).is_ok() {
                 nodes_feasible += 1;
+                if job
+                    .datasets
+                    .iter()
+                    .all(|dataset| self.nodes[node].holds_dataset(dataset.content_hash))
+                {
+                    nodes_holding_data += 1;
+                }
                 let statics = &self.statics[node];
                 gpus_available += match job.resources.gpu {
                     GpuDemand::Share { milli } => load.gpu_used_milli[..statics.gpu_count as usize]
@@ -390,6 +402,7 @@ impl Matcher {
                 price_per_gpu_hour: Some(placement.clearing_price()),
                 gpus_available,
                 nodes_feasible,
+                nodes_holding_data,
                 explanation: None,
             },
             Err(_) => Quote {
@@ -397,6 +410,7 @@ impl Matcher {
                 price_per_gpu_hour: None,
                 gpus_available,
                 nodes_feasible,
+                nodes_holding_data,
                 explanation: Some(self.explain_naming(job, now, region_names)),
             },
         }

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use matcher::{Reason, Unplaced};
+use matcher::{Matcher, MatcherConfig, Reason, Unplaced};
 use model::{
     AvailabilityWindow, ClassSet, GpuCatalog, GpuDemand, Micros, NodeId, PriceRule, Tier, TierSet, TopologyLevel,
     WorkloadClass,
@@ -388,9 +388,41 @@ fn quote_reports_price_and_capacity() {
     let quote = m.quote(&job(1, Tier::Silver, whole(2), "5"), NOW);
     assert_eq!(quote.price_per_gpu_hour, Some(Micros(2_500_000)));
     assert_eq!((quote.gpus_available, quote.nodes_feasible), (12, 2));
+    assert_eq!(
+        quote.nodes_holding_data, 2,
+        "a job without datasets finds its data everywhere"
+    );
     let quote = m.quote(&job(2, Tier::Silver, whole(2), "1"), NOW);
     assert_eq!(quote.price_per_gpu_hour, None);
     assert_eq!(quote.explanation.unwrap().message, "0 of 2 nodes: 2 ask above $1.00/h");
+}
+
+#[test]
+fn a_quote_counts_the_nodes_that_hold_the_jobs_data() {
+    let (topology, mut nodes) = fleet(vec![
+        node("eu", "H100", 8, "2.00", 0.99),
+        node("eu", "H100", 8, "2.00", 0.99),
+        node("eu", "H100", 1, "2.00", 0.99),
+        node("eu", "H100", 8, "2.00", 0.99),
+    ]);
+    // Both datasets; one of them; both, on a node too small for the job; none.
+    for (node, held) in nodes.iter_mut().zip([vec![7, 9], vec![7], vec![7, 9], vec![]]) {
+        node.datasets = held;
+    }
+    let m = Matcher::new(topology, nodes, MatcherConfig::default());
+    let mut spec = job(1, Tier::Silver, whole(2), "5");
+    spec.datasets = [7, 9]
+        .map(|content_hash| model::Dataset {
+            content_hash,
+            size_bytes: 1 << 30,
+        })
+        .to_vec();
+    let quote = m.quote(&spec, NOW);
+    assert_eq!(quote.nodes_feasible, 3, "the one-GPU node cannot take two");
+    assert_eq!(
+        quote.nodes_holding_data, 1,
+        "only one node that fits holds both datasets"
+    );
 }
 
 #[test]

@@ -96,6 +96,7 @@ pub(crate) fn api_routes() -> ApiRoutes {
         .get("/v1/jobs/{id}", routes::show_job)
         .post("/v1/jobs/{id}/cancel", routes::cancel_job)
         .get("/v1/jobs/{id}/logs", routes::job_logs)
+        .get("/v1/jobs/{id}/output", routes::job_output)
         .get("/v1/offers", routes::search_offers)
         .get("/v1/balance", routes::balance)
         .get("/v1/statement", routes::statement)
@@ -132,6 +133,11 @@ pub(crate) fn api_routes() -> ApiRoutes {
         .get("/v1/agent/leases", routes::poll_leases)
         .post("/v1/agent/leases/{id}/events", routes::lease_event)
         .post("/v1/agent/leases/{id}/logs", routes::lease_log)
+        .add(
+            "post",
+            "/v1/agent/leases/{id}/output",
+            post(routes::lease_output).layer(DefaultBodyLimit::max(api::OUTPUT_UPLOAD_BODY_BYTES_MAX)),
+        )
         .post("/v1/agent/key", routes::rotate_node_key)
         .post("/v1/agent/reclaim", routes::agent_reclaim)
         .put("/v1/agent/node", routes::restate_node)

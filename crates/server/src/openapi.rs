@@ -59,6 +59,8 @@ use paths::{Body, Operation, PATHS, Who};
         api::StatementView,
         api::InvoiceView,
         api::LogChunkRequest,
+        api::OutputUpload,
+        api::OutputView,
         api::KeyRotation,
         api::ReclaimRequest,
         api::NodeRestatement,
@@ -452,6 +454,11 @@ fn constraints() -> Vec<(&'static str, &'static str, Value)> {
         ),
         ("JobRequest", "repair_billing", json!({"enum": ["bill", "pause"]})),
         ("JobRequest", "max_restarts", json!({"maximum": 100})),
+        (
+            "JobRequest",
+            "output_url",
+            json!({"maxLength": api::TEXT_FIELD_BYTES_MAX, "pattern": r"^https?://[^\x00]*$"}),
+        ),
         (
             "JobRequest",
             "checkpoint_dir",

@@ -28,6 +28,7 @@ pub fn lease_view(lease: &LeaseRecord) -> LeaseView {
         ended_at_us: lease.ended_at,
         end_reason: lease.end_reason.clone(),
         exit_code: exit_code_in(&lease.end_reason),
+        output: None,
     }
 }
 

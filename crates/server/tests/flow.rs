@@ -1047,6 +1047,27 @@ async fn quotes_and_offer_searches_answer_from_the_fleet() {
         assert!(micros(&quote["nodes_feasible"]) >= 1, "{}: {quote}", h.backend);
         let price = micros(&quote["price_micros_per_gpu_hour"]);
         assert!((1..=2_500_000).contains(&price), "{}: {quote}", h.backend);
+        assert!(
+            quote.get("nodes_with_data").is_none(),
+            "{}: no datasets named: {quote}",
+            h.backend
+        );
+        let mut with_data = job_request("with data");
+        with_data["datasets"] = json!([{
+            "url": "https://data.example.com/a.tar",
+            "digest": format!("blake3:{}", "ab".repeat(32)),
+            "size_bytes": 1_000_000,
+        }]);
+        let quote = h
+            .post(&tenant.key, "/v1/jobs/quote", with_data)
+            .await
+            .expect(200, "quote with a dataset");
+        assert!(micros(&quote["nodes_feasible"]) >= 1, "{}: {quote}", h.backend);
+        assert_eq!(
+            quote["nodes_with_data"], 0,
+            "{}: no node holds it yet: {quote}",
+            h.backend
+        );
         let mut too_big = job_request("too big");
         too_big["gpus"] = json!(16);
         let quote = h

@@ -5,8 +5,8 @@ use sqlx::Row;
 
 use crate::accounts::is_unique_violation;
 use crate::{
-    AttestationRow, EndedLease, EvidenceRow, JobUsage, LeaseEvent, LeaseProgress, LogChunk, NodeOutcome, PricePoint,
-    Result, RunWait, Store, TierCount, UsageCharge, UsageRow,
+    AttestationRow, EndedLease, EvidenceRow, JobOutputRow, JobUsage, LeaseEvent, LeaseProgress, LogChunk, NodeOutcome,
+    PricePoint, Result, RunWait, Store, TierCount, UsageCharge, UsageRow,
 };
 
 fn usage_from(row: &sqlx::any::AnyRow) -> Result<UsageRow> {
@@ -123,6 +123,72 @@ impl Store {
             })
         })
         .transpose()
+    }
+
+    /// Records a replica's output archive: its bytes when the coordinator keeps them, or only
+    /// its attested digest and size. An archive of a newer epoch replaces an older one; one of
+    /// the same epoch is kept as it is (true when this one was recorded).
+    pub async fn put_job_output(&self, output: &JobOutputRow) -> Result<bool> {
+        let done = sqlx::query(
+            "INSERT INTO job_outputs (lease_id, epoch, job_id, replica, digest, size_bytes, archive, received_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (lease_id) DO UPDATE SET epoch = excluded.epoch, digest = excluded.digest, \
+             size_bytes = excluded.size_bytes, archive = excluded.archive, received_at = excluded.received_at \
+             WHERE job_outputs.epoch < excluded.epoch",
+        )
+        .bind(output.lease_id)
+        .bind(output.epoch)
+        .bind(output.job_id)
+        .bind(output.replica)
+        .bind(&output.digest)
+        .bind(output.size_bytes)
+        .bind(output.archive.clone())
+        .bind(output.received_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// A job's output archives without their bytes (`archive` is `Some(empty)` where the
+    /// coordinator keeps one), by lease.
+    pub async fn job_outputs(&self, job_id: i64) -> Result<Vec<JobOutputRow>> {
+        let rows = sqlx::query(
+            "SELECT lease_id, epoch, job_id, replica, digest, size_bytes, \
+             CAST(CASE WHEN archive IS NULL THEN 0 ELSE 1 END AS BIGINT) AS kept, received_at \
+             FROM job_outputs WHERE job_id = $1 ORDER BY lease_id",
+        )
+        .bind(job_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let kept: i64 = row.try_get("kept")?;
+                Ok(JobOutputRow {
+                    lease_id: row.try_get("lease_id")?,
+                    epoch: row.try_get("epoch")?,
+                    job_id: row.try_get("job_id")?,
+                    replica: row.try_get("replica")?,
+                    digest: row.try_get("digest")?,
+                    size_bytes: row.try_get("size_bytes")?,
+                    archive: (kept == 1).then(Vec::new),
+                    received_at: row.try_get("received_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// The newest archive the coordinator keeps of a job's replica: (digest, bytes).
+    pub async fn job_output_archive(&self, job_id: i64, replica: i64) -> Result<Option<(String, Vec<u8>)>> {
+        let row = sqlx::query(
+            "SELECT digest, archive FROM job_outputs WHERE job_id = $1 AND replica = $2 AND archive IS NOT NULL \
+             ORDER BY lease_id DESC LIMIT 1",
+        )
+        .bind(job_id)
+        .bind(replica)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| Ok((row.try_get("digest")?, row.try_get("archive")?)))
+            .transpose()
     }
 
     pub async fn append_lease_event(&self, lease_id: i64, epoch: i64, kind: &str, detail: &str, at: i64) -> Result<()> {

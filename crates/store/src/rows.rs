@@ -287,6 +287,20 @@ pub struct UsageRow {
     pub received_at: i64,
 }
 
+/// A replica's output archive: its digest and size, and its bytes where the coordinator keeps
+/// them (`None`: it went to the job's `output_url`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobOutputRow {
+    pub lease_id: i64,
+    pub epoch: i64,
+    pub job_id: i64,
+    pub replica: i64,
+    pub digest: String,
+    pub size_bytes: i64,
+    pub archive: Option<Vec<u8>>,
+    pub received_at: i64,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttestationRow {
     pub lease_id: i64,

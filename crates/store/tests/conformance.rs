@@ -589,6 +589,72 @@ async fn usage_and_attestations_are_accepted_once() {
         assert!(store.insert_attestation(&attestation).await.unwrap());
         assert!(!store.insert_attestation(&attestation).await.unwrap(), "{backend}");
         assert_eq!(store.attestation(7).await.unwrap(), Some(attestation));
+
+        // Output archives: kept bytes (every byte value, as a tar has), or only a digest.
+        let archive: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+        let kept = store::JobOutputRow {
+            lease_id: 7,
+            epoch: 1,
+            job_id: 40,
+            replica: 0,
+            digest: "blake3:aa".to_string(),
+            size_bytes: archive.len() as i64,
+            archive: Some(archive.clone()),
+            received_at: 9,
+        };
+        assert!(store.put_job_output(&kept).await.unwrap(), "{backend}");
+        let again = store::JobOutputRow {
+            digest: "blake3:bb".to_string(),
+            archive: None,
+            ..kept.clone()
+        };
+        assert!(
+            !store.put_job_output(&again).await.unwrap(),
+            "{backend}: the same epoch's stays"
+        );
+        let elsewhere = store::JobOutputRow {
+            lease_id: 8,
+            replica: 1,
+            digest: "blake3:cc".to_string(),
+            archive: None,
+            ..kept.clone()
+        };
+        assert!(store.put_job_output(&elsewhere).await.unwrap());
+        let listed = store.job_outputs(40).await.unwrap();
+        assert_eq!(listed.len(), 2, "{backend}");
+        assert_eq!(
+            (listed[0].digest.as_str(), listed[0].archive.is_some()),
+            ("blake3:aa", true)
+        );
+        assert_eq!(
+            (listed[1].digest.as_str(), listed[1].archive.is_some()),
+            ("blake3:cc", false)
+        );
+        assert_eq!(
+            store.job_output_archive(40, 0).await.unwrap(),
+            Some(("blake3:aa".to_string(), archive.clone())),
+            "{backend}: the bytes as they came"
+        );
+        assert_eq!(
+            store.job_output_archive(40, 1).await.unwrap(),
+            None,
+            "{backend}: went to its URL"
+        );
+        let newer = store::JobOutputRow {
+            epoch: 2,
+            digest: "blake3:dd".to_string(),
+            archive: Some(vec![1, 2, 3]),
+            size_bytes: 3,
+            ..kept
+        };
+        assert!(
+            store.put_job_output(&newer).await.unwrap(),
+            "{backend}: a newer epoch's replaces it"
+        );
+        assert_eq!(
+            store.job_output_archive(40, 0).await.unwrap(),
+            Some(("blake3:dd".to_string(), vec![1, 2, 3]))
+        );
         store.record_evidence(Some(3), "bad_signature", "x", 1).await.unwrap();
         assert_eq!(store.evidence(Some(3), 10).await.unwrap().len(), 1);
         store.record_outcome(3, "lease_ok", 1).await.unwrap();

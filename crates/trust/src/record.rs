@@ -52,6 +52,17 @@ pub struct Attestation {
     pub gpu_seconds_milli: i64,
     pub telemetry_digest: String,
     pub log_digest: String,
+    /// "blake3:<64 hex>" of the replica's output archive (a tar of `$FALLOW_OUTPUT_DIR`), where
+    /// it left one. Left out of the signed bytes when empty, so attestations made before it
+    /// existed still verify.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub output_digest: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub output_bytes: i64,
+}
+
+fn is_zero(value: &i64) -> bool {
+    *value == 0
 }
 
 impl RecordBody for Attestation {
@@ -126,7 +137,26 @@ mod tests {
             gpu_seconds_milli: 3_600_000,
             telemetry_digest: "ab".repeat(32),
             log_digest: "ef".repeat(32),
+            output_digest: String::new(),
+            output_bytes: 0,
         }
+    }
+
+    #[test]
+    fn an_attestation_without_output_signs_the_bytes_it_signed_before_outputs_existed() {
+        let bytes = String::from_utf8(record_signed_bytes(3, &attestation())).expect("text");
+        assert!(!bytes.contains("output"), "{bytes}");
+        let mut with_output = attestation();
+        with_output.output_digest = format!("blake3:{}", "12".repeat(32));
+        with_output.output_bytes = 10_240;
+        let bytes = String::from_utf8(record_signed_bytes(3, &with_output)).expect("text");
+        assert!(
+            bytes.ends_with(&format!(
+                r#""output_digest":"blake3:{}","output_bytes":10240}}"#,
+                "12".repeat(32)
+            )),
+            "{bytes}"
+        );
     }
 
     /// A record type whose JSON equals `UsageRecord`'s, to show that only the type name in

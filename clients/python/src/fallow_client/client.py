@@ -151,6 +151,13 @@ class Client:
         """A job's output so far as one text (every replica's, or one's)."""
         return "".join(chunk.text for chunk in self.logs(job_id, replica=replica))
 
+    def output(self, job_id: int, replica: int = 0) -> bytes:
+        """The tar archive of what replica `replica` left in `$FALLOW_OUTPUT_DIR`, as the
+        coordinator keeps it (a replica without an `output_url`); `tarfile.open(fileobj=
+        io.BytesIO(data))` reads it. Its digest is the lease's `output.digest` in `job()`."""
+        data: bytes = self._request("GET", f"/v1/jobs/{int(job_id)}/output", query={"replica": replica}, raw=True)
+        return data
+
     def cancel(self, job_id: int) -> JobView:
         """Cancels a job: its replicas are stopped and its escrow released."""
         return JobView.from_dict(self._request("POST", f"/v1/jobs/{int(job_id)}/cancel"))
@@ -188,11 +195,16 @@ class Client:
     # ---- the wire
 
     def _request(
-        self, method: str, path: str, query: Optional[Dict[str, Any]] = None, body: Optional[Dict[str, Any]] = None
+        self,
+        method: str,
+        path: str,
+        query: Optional[Dict[str, Any]] = None,
+        body: Optional[Dict[str, Any]] = None,
+        raw: bool = False,
     ) -> Any:
-        """Sends one request and returns the answer's JSON (None for an empty answer), asking again
-        after a wait while the coordinator cannot be reached, says 429, or says 503 to a request
-        safe to send twice."""
+        """Sends one request and returns the answer's JSON (None for an empty answer; its bytes
+        when `raw`), asking again after a wait while the coordinator cannot be reached, says 429,
+        or says 503 to a request safe to send twice."""
         attempt = 1
         while True:
             try:
@@ -217,6 +229,8 @@ class Client:
                 self._back_off(attempt, response.headers.get("Retry-After"))
                 attempt += 1
                 continue
+            if raw and response.is_success:
+                return response.content
             return self._answer(method, path, response)
 
     def _answer(self, method: str, path: str, response: httpx.Response) -> Any:

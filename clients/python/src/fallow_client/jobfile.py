@@ -50,7 +50,7 @@ REPAIR_BILLINGS = ("bill", "pause")
 
 TOP_KEYS = (
     "name", "resources", "num_nodes", "tier", "max_price", "preemptible", "class", "max_runtime", "envs",
-    "setup", "run", "command", "runtime", "datasets", "checkpoint", "gang", "network", "client_token", "service",
+    "setup", "run", "command", "runtime", "datasets", "checkpoint", "gang", "network", "client_token", "output_url", "service",
 )  # fmt: skip
 RESOURCE_KEYS = (
     "accelerators", "compute_units", "cpus", "memory", "gpu_memory", "image_id", "ports", "regions", "topology",
@@ -475,6 +475,11 @@ class _Reader:
                 given[key] = self.gang(value)
             elif key == "network":
                 given[key] = self.choice(value, "`network`", NETWORKS)
+            elif key == "output_url":
+                url = self.text(value, "`output_url`")
+                if not url.startswith(("http://", "https://")):
+                    raise self.fail(value, f"`{url}` is not an http(s):// URL (the agent PUTs the output archive to it)")
+                given[key] = url
             elif key == "service":
                 given[key] = self.service(value)
                 service_node = value
@@ -528,7 +533,7 @@ class _Reader:
             job[
                 {"repair": "gang_repair", "max_restarts": "max_restarts", "repair_billing": "repair_billing"}[file_key]
             ] = value
-        for key in ("network", "client_token"):
+        for key in ("network", "client_token", "output_url"):
             if key in given:
                 job[key] = given[key]
         self.program(job, given, resources)

@@ -210,6 +210,10 @@ class JobRequest(Wire):
     #: bill (default) or pause.
     repair_billing: Optional[str] = None
     serve: Optional[ServeSpec] = None
+    #: An http(s) URL the agent PUTs each replica's `$FALLOW_OUTPUT_DIR` to as a tar archive
+    #: when it ends; `{replica}` in it is replaced by the replica's number (without it, replica 0
+    #: alone uses it). Without one the coordinator keeps the archive, up to 16 MiB.
+    output_url: Optional[str] = None
 
 
 @dataclass
@@ -234,6 +238,18 @@ class ServiceRequest(Wire):
 
 # --------------------------------------------------------------------------------------------
 # Answers
+
+
+@dataclass
+class OutputView(Wire):
+    """A replica's output archive (a tar of its `$FALLOW_OUTPUT_DIR`)."""
+
+    #: "blake3:<64 hex>" of the archive.
+    digest: str = ""
+    size_bytes: int = 0
+    #: True when the coordinator keeps it (`Client.output`); false when it went to the job's
+    #: `output_url`.
+    kept: bool = False
 
 
 @dataclass
@@ -262,6 +278,8 @@ class LeaseView(Wire):
     end_reason: str = ""
     #: The replica's exit code, when it ended by exiting and said so.
     exit_code: Optional[int] = None
+    #: Its output archive, when it left one in `$FALLOW_OUTPUT_DIR`.
+    output: Optional[OutputView] = None
 
 
 @dataclass
@@ -366,6 +384,9 @@ class QuoteView(Wire):
     #: None when no node can take it now.
     price_micros_per_gpu_hour: Optional[int] = None
     nodes_feasible: int = 0
+    #: Of the nodes that fit, those already holding every dataset the job names; None when it
+    #: names none.
+    nodes_with_data: Optional[int] = None
     gpus_feasible: int = 0
     nodes_total: int = 0
     #: Why nodes were excluded, in words.

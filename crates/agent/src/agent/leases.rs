@@ -496,7 +496,7 @@ impl<E: Executor> Agent<E> {
             self.save_runs();
             return;
         }
-        let attestation = trust::Attestation {
+        let mut attestation = trust::Attestation {
             lease_id: id,
             epoch: run.lease.lease.epoch,
             image_digest: self.executor.image_digest(&run.handle),
@@ -506,16 +506,74 @@ impl<E: Executor> Agent<E> {
             gpu_seconds_milli: run.gpu_seconds_milli,
             telemetry_digest: String::new(),
             log_digest: digest_of_file(&run.spec.log_path),
+            output_digest: String::new(),
+            output_bytes: 0,
         };
-        match self.client.attest(&self.key, self.node_id, &attestation).await {
-            Ok(()) => tracing::info!(lease = id, exit = exit.code, "replica ended; attested"),
-            Err(error) if error.is_conflict() => {
-                tracing::info!(lease = id, %error, "replica ended after its lease did");
-            }
-            Err(error) => tracing::warn!(lease = id, %error, "the attestation was refused"),
+        if !crate::output::has_output(&run.spec.scratch_dir) {
+            attest(&self.client, &self.key, self.node_id, &attestation).await;
+            self.clean_up(id, &run.spec).await;
+            self.save_runs();
+            return;
         }
-        self.clean_up(id, &run.spec).await;
+        // Packed, shipped and attested in the background: an upload may take minutes, and this
+        // loop (the node's heartbeats) must not wait for it. The replica's GPUs stay held, as a
+        // stopping replica's are, until its output is gone and its scratch space with it.
+        let destination = api::output_url_of(run.lease.job.output_url.as_deref(), run.lease.lease.replica);
+        let (client, key, node_id) = (Arc::clone(&self.client), Arc::clone(&self.key), self.node_id);
+        let (executor, scratch) = (self.executor.clone(), self.scratch.clone());
+        let clearing = self.gpu_clearing(id, &run.spec.gpu_indices);
+        let epoch = run.lease.lease.epoch;
+        let log_offset = i64::try_from(run.log.sent).unwrap_or(i64::MAX);
+        let spec = run.spec;
+        let gpus = spec.gpu_indices.clone();
+        let task = tokio::spawn(async move {
+            let shipped = crate::output::ship(
+                &client,
+                &key,
+                node_id,
+                id,
+                epoch,
+                &spec.scratch_dir,
+                destination.as_deref(),
+            );
+            match shipped.await {
+                Ok(archive) => {
+                    tracing::info!(lease = id, bytes = archive.bytes, digest = %archive.digest, "the replica's output shipped");
+                    attestation.output_digest = archive.digest;
+                    attestation.output_bytes = i64::try_from(archive.bytes).unwrap_or(i64::MAX);
+                }
+                Err(why) => {
+                    tracing::warn!(lease = id, %why, "the replica's output was not shipped");
+                    // Said where the tenant looks: at the end of the replica's output.
+                    let note = api::LogChunkRequest {
+                        epoch,
+                        byte_offset: log_offset,
+                        text: format!("\nfallow: what the replica left in $FALLOW_OUTPUT_DIR was not kept: {why}\n"),
+                    };
+                    if let Err(error) = client.log(&key, node_id, id, &note).await {
+                        tracing::warn!(lease = id, %error, "could not say why in the replica's output");
+                    }
+                }
+            }
+            attest(&client, &key, node_id, &attestation).await;
+            clean_up_replica(executor.as_ref(), &scratch, &spec).await;
+            crate::gpu_clear::clear(&clearing).await;
+            None
+        });
+        self.stopping.insert(id, (gpus, task));
         self.save_runs();
+    }
+}
+
+/// Sends a replica's attestation, which ends its lease; says how that went in the agent's log.
+async fn attest(client: &crate::client::Client, key: &trust::NodeKey, node_id: i64, attestation: &trust::Attestation) {
+    let (id, code) = (attestation.lease_id, attestation.exit_code);
+    match client.attest(key, node_id, attestation).await {
+        Ok(()) => tracing::info!(lease = id, exit = code, "replica ended; attested"),
+        Err(error) if error.is_conflict() => {
+            tracing::info!(lease = id, %error, "replica ended after its lease did");
+        }
+        Err(error) => tracing::warn!(lease = id, %error, "the attestation was refused"),
     }
 }
 

@@ -213,6 +213,7 @@ impl Executor for DockerExecutor {
             .unwrap_or_default();
         std::fs::create_dir_all(&spec.scratch_dir)
             .map_err(|error| ExecError::Start(format!("{}: {error}", spec.scratch_dir.display())))?;
+        super::make_output_dir(&spec.scratch_dir)?;
         let mut binds = vec![format!("{}:/scratch", spec.scratch_dir.display())];
         if let Some(dir) = &spec.checkpoint_dir {
             std::fs::create_dir_all(dir).map_err(|error| ExecError::Start(format!("{}: {error}", dir.display())))?;
@@ -234,6 +235,7 @@ impl Executor for DockerExecutor {
         env.push(format!("FALLOW_LEASE_ID={}", spec.lease_id));
         env.push(format!("FALLOW_EPOCH={}", spec.epoch));
         env.push("FALLOW_SCRATCH_DIR=/scratch".into());
+        env.push(format!("FALLOW_OUTPUT_DIR=/scratch/{}", crate::output::OUTPUT_DIR));
         env.push(format!("FALLOW_PROGRESS_FILE=/scratch/{}", super::PROGRESS_FILE));
         env.push(format!(
             "FALLOW_RENDEZVOUS_FILE=/scratch/{}",

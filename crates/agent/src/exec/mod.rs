@@ -15,6 +15,17 @@ use std::time::Duration;
 /// `FALLOW_PROGRESS_FILE`.
 pub const PROGRESS_FILE: &str = ".fallow-progress";
 
+/// Makes a replica's output directory (`$FALLOW_OUTPUT_DIR`, `crate::output`) in its scratch
+/// directory, as open to the replica as the scratch directory is; returns it.
+fn make_output_dir(scratch_dir: &std::path::Path) -> Result<PathBuf, ExecError> {
+    let dir = scratch_dir.join(crate::output::OUTPUT_DIR);
+    let made = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::metadata(scratch_dir))
+        .and_then(|scratch| std::fs::set_permissions(&dir, scratch.permissions()));
+    made.map_err(|error| ExecError::Start(format!("{}: {error}", dir.display())))?;
+    Ok(dir)
+}
+
 /// Everything an executor needs to run one replica.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunSpec {

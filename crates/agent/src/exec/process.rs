@@ -151,6 +151,7 @@ impl Executor for ProcessExecutor {
         };
         std::fs::create_dir_all(&spec.scratch_dir)
             .map_err(|error| ExecError::Start(format!("{}: {error}", spec.scratch_dir.display())))?;
+        let output_dir = super::make_output_dir(&spec.scratch_dir)?;
         if let Some(dir) = &spec.checkpoint_dir {
             std::fs::create_dir_all(dir).map_err(|error| ExecError::Start(format!("{}: {error}", dir.display())))?;
         }
@@ -177,6 +178,7 @@ impl Executor for ProcessExecutor {
             .env("FALLOW_LEASE_ID", spec.lease_id.to_string())
             .env("FALLOW_EPOCH", spec.epoch.to_string())
             .env("FALLOW_SCRATCH_DIR", &spec.scratch_dir)
+            .env("FALLOW_OUTPUT_DIR", &output_dir)
             .env("FALLOW_PROGRESS_FILE", spec.scratch_dir.join(super::PROGRESS_FILE))
             .env(
                 "FALLOW_RENDEZVOUS_FILE",

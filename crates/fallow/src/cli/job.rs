@@ -47,6 +47,9 @@ enum JobCommand {
     },
     /// A job's output, oldest first; `--follow` keeps printing until the job ends.
     Logs(LogsArgs),
+    /// A replica's output archive as the coordinator keeps it: the tar of what it left in
+    /// $FALLOW_OUTPUT_DIR (a job without --output-url), to a file or a pipe.
+    Output(OutputArgs),
     /// Cancel a job: its replicas are stopped and its escrow released.
     Cancel {
         /// The job's id.
@@ -89,6 +92,18 @@ struct ListArgs {
     /// (e.g. 2026-12-08T09:00Z).
     #[arg(long, value_name = "AGO|TIME", value_parser = parse_since)]
     since: Option<i64>,
+}
+
+#[derive(Args)]
+struct OutputArgs {
+    /// The job's id.
+    id: i64,
+    /// The replica whose archive (replicas count from 0).
+    #[arg(long, default_value_t = 0)]
+    replica: i64,
+    /// Write it to this file (default: stdout, when that is not a terminal).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    output: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -201,6 +216,11 @@ pub(super) struct SpecArgs {
     /// An idempotency token: submitting again with it returns the first job.
     #[arg(long, value_name = "TOKEN")]
     client_token: Option<String>,
+    /// Where the agent PUTs each replica's $FALLOW_OUTPUT_DIR as a tar archive when it ends (an
+    /// http(s) URL, e.g. presigned; `{replica}` in it becomes the replica's number). Without it
+    /// the coordinator keeps the archive, up to 16 MiB: `fallow job output ID`.
+    #[arg(long, value_name = "URL")]
+    output_url: Option<String>,
     /// The command (after `--`); with --process, the program and its arguments.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -227,6 +247,7 @@ pub fn run(args: JobArgs) -> anyhow::Result<()> {
         JobCommand::Show { id } => show(&connect()?, id),
         JobCommand::Logs(logs_args) => logs(&connect()?, &logs_args),
         JobCommand::Cancel { id } => cancel(&connect()?, id),
+        JobCommand::Output(output_args) => job_output(&connect()?, &output_args),
     }
 }
 
@@ -586,6 +607,29 @@ fn print_job(answer: &Value, job: &JobView) {
             println!("{reason}");
         }
     }
+    let outputs: Vec<String> = job
+        .leases
+        .iter()
+        .filter_map(|lease| {
+            let output = lease.output.as_ref()?;
+            let place = if output.kept {
+                format!("fallow job output {} --replica {} > out.tar", job.id, lease.replica)
+            } else {
+                "sent to its output URL".to_string()
+            };
+            Some(format!(
+                "replica {}: {} bytes, {} ({place})",
+                lease.replica, output.size_bytes, output.digest
+            ))
+        })
+        .collect();
+    if !outputs.is_empty() {
+        println!();
+        println!("output archives ($FALLOW_OUTPUT_DIR):");
+        for line in outputs {
+            println!("  {line}");
+        }
+    }
 }
 
 fn fits_a_cell(text: &str, chars_max: usize) -> bool {
@@ -696,6 +740,36 @@ fn no_output_of(job: &JobView, replica: Option<i64>) -> String {
     no_output_yet(&job.state, reason, &lease_states)
 }
 
+fn job_output(client: &Client, args: &OutputArgs) -> anyhow::Result<()> {
+    if args.output.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        bail!(
+            "an output archive is a tar file: give -o FILE, or pipe it (`fallow job output {} | tar -x`)",
+            args.id
+        );
+    }
+    let (headers, archive) = client.get_bytes(
+        &format!("/v1/jobs/{}/output", args.id),
+        &[("replica", args.replica.to_string())],
+    )?;
+    let digest = headers
+        .get("x-fallow-output-digest")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let read = format!("blake3:{}", blake3::hash(&archive).to_hex());
+    if !digest.is_empty() && digest != read {
+        bail!("the archive came damaged: its digest is {read}, the coordinator's {digest}");
+    }
+    match &args.output {
+        Some(path) => {
+            std::fs::write(path, &archive).with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("{} bytes ({read}) to {}", archive.len(), path.display());
+        }
+        None => std::io::stdout().write_all(&archive)?,
+    }
+    Ok(())
+}
+
 fn cancel(client: &Client, id: i64) -> anyhow::Result<()> {
     let answer = client.send(Method::POST, &format!("/v1/jobs/{id}/cancel"), &[], None)?;
     if client.json {
@@ -726,6 +800,12 @@ fn quote(client: &Client, body: Map<String, Value>) -> anyhow::Result<()> {
         ),
         ("GPUs on them", quote.gpus_feasible.to_string()),
     ];
+    if let Some(holding) = quote.nodes_with_data {
+        pairs.push((
+            "with its data",
+            format!("{holding} of them hold every dataset (the rest fetch them first)"),
+        ));
+    }
     if !quote.explanation.is_empty() {
         pairs.push(("why not more", quote.explanation.replace('\n', "\n              ")));
     }
@@ -816,6 +896,9 @@ impl SpecArgs {
         }
         if let Some(token) = &self.client_token {
             set("client_token", json!(token));
+        }
+        if let Some(url) = &self.output_url {
+            set("output_url", json!(url));
         }
         if let Some(mode) = &self.gang_repair {
             set("gang_repair", json!(mode));

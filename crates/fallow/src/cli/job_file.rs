@@ -202,6 +202,7 @@ struct Doc {
     gang: Option<Gang>,
     network: Option<Choice<Networks>>,
     client_token: Option<String>,
+    output_url: Option<OutputUrl>,
     service: Option<Service>,
 }
 
@@ -398,6 +399,9 @@ impl Doc {
         }
         if let Some(token) = &self.client_token {
             set("client_token", json!(token));
+        }
+        if let Some(url) = &self.output_url {
+            set("output_url", json!(url.0));
         }
         // What runs: the image and its command, or the program.
         let script = match (&self.setup, &self.run, &self.command) {
@@ -768,6 +772,23 @@ impl<'de> Deserialize<'de> for Seconds {
             seconds
                 .and_then(|seconds| u32::try_from(seconds).map_err(|_| format!("`{written}` is too long")))
                 .map(Seconds)
+        })
+    }
+}
+
+/// Where the agent PUTs the output archive: an http(s) URL.
+struct OutputUrl(String);
+
+impl<'de> Deserialize<'de> for OutputUrl {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        from_text(deserializer, |url| {
+            if url.starts_with("http://") || url.starts_with("https://") {
+                Ok(OutputUrl(url.to_string()))
+            } else {
+                Err(format!(
+                    "`{url}` is not an http(s):// URL (the agent PUTs the output archive to it)"
+                ))
+            }
         })
     }
 }

@@ -174,6 +174,36 @@ impl Client {
         query: &[(&str, String)],
         body: Option<&Value>,
     ) -> anyhow::Result<Value> {
+        let (_, bytes) = self.exchange(method.clone(), path, query, body)?;
+        let text = String::from_utf8_lossy(&bytes);
+        if text.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&text).with_context(|| {
+            format!(
+                "the coordinator's answer to {method} {path} is not JSON; is {} a Fallow coordinator?",
+                self.base
+            )
+        })
+    }
+
+    /// A GET whose answer is not JSON (an archive): its headers and bytes.
+    pub fn get_bytes(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> anyhow::Result<(reqwest::header::HeaderMap, Vec<u8>)> {
+        self.exchange(Method::GET, path, query, None)
+    }
+
+    /// `send`'s request, tried again as it says; a successful answer's headers and bytes.
+    fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> anyhow::Result<(reqwest::header::HeaderMap, Vec<u8>)> {
         let mut url = self
             .base
             .join(path.trim_start_matches('/'))
@@ -203,7 +233,8 @@ impl Client {
                     .get(reqwest::header::RETRY_AFTER)
                     .and_then(|value| value.to_str().ok())
                     .and_then(api::backoff::parse_retry_after);
-                Ok::<_, reqwest::Error>((status, retry_after, response.text().await?))
+                let headers = response.headers().clone();
+                Ok::<_, reqwest::Error>((status, retry_after, (headers, response.bytes().await?.to_vec())))
             });
             let again = match &sent {
                 Ok((status, retry_after, _)) => (*status == StatusCode::TOO_MANY_REQUESTS
@@ -228,18 +259,11 @@ impl Client {
                 }
             }
         };
+        let (headers, bytes) = text;
         if !status.is_success() {
-            return Err(self.api_failure(status, &text, path).into());
+            return Err(self.api_failure(status, &String::from_utf8_lossy(&bytes), path).into());
         }
-        if text.trim().is_empty() {
-            return Ok(Value::Null);
-        }
-        serde_json::from_str(&text).with_context(|| {
-            format!(
-                "the coordinator's answer to {method} {path} is not JSON; is {} a Fallow coordinator?",
-                self.base
-            )
-        })
+        Ok((headers, bytes))
     }
 
     fn transport_error(&self, error: &reqwest::Error) -> anyhow::Error {

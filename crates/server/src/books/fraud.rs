@@ -185,6 +185,7 @@ mod tests {
                 ended_at_us: None,
                 end_reason: String::new(),
                 exit_code: None,
+                output: None,
             },
             job: api::JobRequest::default(),
             gang: None,

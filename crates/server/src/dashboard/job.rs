@@ -330,6 +330,7 @@ mod tests {
             ended_at_us: ended,
             end_reason: String::new(),
             exit_code: None,
+            output: None,
         }
     }
 

@@ -57,6 +57,8 @@ pub(super) enum Kind {
     JobState,
     /// A page's size: 1 to this many.
     Limit(i64),
+    /// A position: 0 to this many less one.
+    Index(i64),
     /// A month, `YYYY-MM`.
     Month,
 }
@@ -71,6 +73,7 @@ impl Kind {
                 json!({"type": "string", "enum": store::JobState::ALL.iter().map(|state| state.as_str()).collect::<Vec<_>>()})
             }
             Kind::Limit(most) => json!({"type": "integer", "format": "int64", "minimum": 1, "maximum": most}),
+            Kind::Index(count) => json!({"type": "integer", "format": "int64", "minimum": 0, "maximum": count - 1}),
             Kind::Text => json!({"type": "string"}),
             Kind::Month => json!({"type": "string", "pattern": "^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])$"}),
         }
@@ -108,6 +111,11 @@ const LOG_PAGE: &[Param] = &[
         "At most this many chunks (default the most)",
     ),
 ];
+const OUTPUT_QUERY: &[Param] = &[param(
+    "replica",
+    Kind::Index(api::REPLICAS_MAX as i64),
+    "The replica whose archive (default 0)",
+)];
 const MARKET_QUERY: &[Param] = &[
     param(
         "bucket_s",
@@ -249,6 +257,17 @@ pub(super) const PATHS: &[Operation] = &[
         response: Body::Schema("JobLogs"),
         status: 200,
         query: LOG_PAGE,
+    },
+    Operation {
+        method: "get",
+        path: "/v1/jobs/{id}/output",
+        id: "getJobOutput",
+        who: Who::Key("tenant"),
+        summary: "A replica's output archive the coordinator keeps: the tar of its $FALLOW_OUTPUT_DIR (?replica=N; its digest in x-fallow-output-digest)",
+        request: None,
+        response: Body::Media("application/x-tar"),
+        status: 200,
+        query: OUTPUT_QUERY,
     },
     Operation {
         method: "get",
@@ -643,6 +662,17 @@ pub(super) const PATHS: &[Operation] = &[
         summary: "Send a chunk of a replica's output (fenced by epoch; idempotent by byte offset)",
         request: Some("LogChunkRequest"),
         response: Body::Schema("LogChunkAccepted"),
+        status: 200,
+        query: &[],
+    },
+    Operation {
+        method: "post",
+        path: "/v1/agent/leases/{id}/output",
+        id: "agentLeaseOutput",
+        who: Who::Agent,
+        summary: "A replica's output archive for the coordinator to keep (at most 16 MiB; fenced by epoch)",
+        request: Some("OutputUpload"),
+        response: Body::Schema("OutputView"),
         status: 200,
         query: &[],
     },

@@ -54,6 +54,15 @@ async fn full_job_view(state: &AppState, job: &JobRecord) -> ApiResult<JobView> 
         }
     }
     let mut view = job_view(job, &leases, cost, escrow);
+    for output in state.store.job_outputs(job.id).await? {
+        if let Some(lease) = view.leases.iter_mut().find(|lease| lease.id == output.lease_id) {
+            lease.output = Some(api::OutputView {
+                digest: output.digest,
+                size_bytes: output.size_bytes,
+                kept: output.archive.is_some(),
+            });
+        }
+    }
     if let Some(reason) = running_reason(state, job, &leases).await? {
         view.state_reason = reason;
     }
@@ -234,6 +243,7 @@ pub async fn quote_job(
     Ok(Json(QuoteView {
         price_micros_per_gpu_hour: quote.price_per_gpu_hour.map(|price| price.0),
         nodes_feasible: quote.nodes_feasible,
+        nodes_with_data: (!spec.datasets.is_empty()).then_some(quote.nodes_holding_data),
         gpus_feasible: quote.gpus_available,
         nodes_total: view.node_ids.len() as u64,
         explanation: quote

@@ -12,6 +12,7 @@ mod market;
 mod metrics;
 mod nodes;
 mod offers;
+mod outputs;
 mod records;
 mod services;
 mod trust;
@@ -33,6 +34,7 @@ pub(crate) use nodes::{
     show_node,
 };
 pub(crate) use offers::search_offers;
+pub(crate) use outputs::{job_output, lease_output};
 pub(crate) use records::{attest, report_usage};
 pub(crate) use services::{
     create_service_key, delete_service, deploy_service, list_services, revoke_service_key, scale_service, service_logs,

@@ -257,6 +257,8 @@ pub async fn attest(State(state): AppStateRef, signed: Signed<SignedAttestation>
             gpu_seconds_milli: body.gpu_seconds_milli,
             telemetry_digest: body.telemetry_digest.clone(),
             log_digest: body.log_digest.clone(),
+            output_digest: body.output_digest.clone(),
+            output_bytes: body.output_bytes,
         },
         signature_hex: signed.body.signature_hex.clone(),
     };
@@ -287,6 +289,23 @@ pub async fn attest(State(state): AppStateRef, signed: Signed<SignedAttestation>
             "lease {} already has an attestation",
             lease.id
         )));
+    }
+    // An archive that went to the job's output_url: its attested digest and size (one the
+    // coordinator keeps was recorded as it came, with the digest of its bytes).
+    if !body.output_digest.is_empty() {
+        state
+            .store
+            .put_job_output(&store::JobOutputRow {
+                lease_id: lease.id,
+                epoch: body.epoch,
+                job_id: lease.job_id,
+                replica: lease.lease.replica,
+                digest: body.output_digest.clone(),
+                size_bytes: body.output_bytes,
+                archive: None,
+                received_at: now,
+            })
+            .await?;
     }
     let to = if body.exit_code == 0 {
         LeaseState::Finished

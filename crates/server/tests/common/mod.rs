@@ -746,6 +746,8 @@ impl Agent {
             gpu_seconds_milli: 20_000,
             telemetry_digest: "blake3:telemetry".to_string(),
             log_digest: "blake3:log".to_string(),
+            output_digest: String::new(),
+            output_bytes: 0,
         };
         serde_json::to_value(trust::sign_record(&self.key, self.node_id, &record)).expect("record serialises")
     }
