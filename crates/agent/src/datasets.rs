@@ -143,7 +143,15 @@ impl DatasetCache {
         tokio::fs::create_dir_all(&self.dir)
             .await
             .map_err(|error| fail(format!("{}: {error}", self.dir.display())))?;
-        let partial = self.dir.join(format!(".{}.partial", digest.file_name()));
+        // A file of this fetch's own: a dataset staged ahead and a replica's staging may fetch
+        // the same one at once; each renames its own whole, verified file into place.
+        static FETCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let fetch = FETCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let partial = self.dir.join(format!(
+            ".{}.{}-{fetch}.partial",
+            digest.file_name(),
+            std::process::id()
+        ));
         let mut file = tokio::fs::File::create(&partial)
             .await
             .map_err(|error| fail(format!("{}: {error}", partial.display())))?;

@@ -620,6 +620,43 @@ pub struct HeartbeatResponse {
     /// older coordinator, the agent keeps its own).
     #[serde(default)]
     pub limits: Option<NodeLimits>,
+    /// Datasets to stage ahead into the node's cache (`fallow dataset warm`): fetched and
+    /// verified in the background, then named in the next heartbeats' `datasets`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefetch: Vec<DatasetRequest>,
+}
+
+/// The most nodes one warm-up stages a dataset on.
+pub const WARM_NODES_MAX: u32 = 64;
+/// How long nodes are asked to stage a dataset before the warm-up lapses.
+pub const WARM_FOR_S: i64 = 24 * 3600;
+
+/// `POST /v1/datasets/warm`: stage a dataset ahead on the nodes a job of this shape would most
+/// likely get, so that it starts there without fetching it.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WarmRequest {
+    pub dataset: DatasetRequest,
+    /// The job's shape, as `POST /v1/jobs/quote` takes it (its own `datasets`, checked, are
+    /// replaced by `dataset`).
+    pub job: JobRequest,
+    /// How many of the likeliest nodes (1–64).
+    pub nodes: u32,
+}
+
+/// What a warm-up asked.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct WarmView {
+    pub digest: String,
+    /// The likeliest nodes for the job, best first: those asked to stage the dataset and those
+    /// that hold it already.
+    pub nodes: Vec<i64>,
+    /// Of those, the ones that already hold it.
+    pub holding: u64,
+    /// Until when the others are asked to (they fetch it in the background).
+    pub until_us: i64,
+    /// Why fewer nodes than asked fit the job now; empty when enough did.
+    pub explanation: String,
 }
 
 /// A node's thermal and power limits (`PolicyDoc::thermal_limit_c`, `power_limit_w`): over

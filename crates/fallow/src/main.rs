@@ -37,6 +37,8 @@ struct Cli {
 enum Command {
     /// Tenants: submit, list, show, follow, cancel and quote jobs.
     Job(Box<cli::job::JobArgs>),
+    /// Tenants: stage a dataset ahead on the nodes a job would most likely get.
+    Dataset(cli::dataset::DatasetArgs),
     /// Tenants: search the market's offers.
     Offers(cli::offers::OffersArgs),
     /// Tenants: a service served through the gateway (requests, latency, tokens).
@@ -88,6 +90,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Job(args) => cli::job::run(*args),
         Command::Offers(args) => cli::offers::run(args),
+        Command::Dataset(args) => cli::dataset::run(args),
         Command::Service(args) => cli::service::run(*args),
         Command::Tenant(args) => cli::tenant::run(args),
         Command::Node(args) => cli::node::run(args),

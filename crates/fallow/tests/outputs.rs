@@ -6,84 +6,17 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
-use std::sync::{Arc, Mutex};
+use std::io::Read;
 use std::time::{Duration, Instant};
 
+use common::bucket::Bucket;
 use common::dev::{Dev, WITHIN, fallow, json};
-use common::{Scratch, free_port, succeeded};
+use common::succeeded;
 use serde_json::Value;
 
 /// What the writing script leaves: a file, and one in a directory.
 const WRITES: &str = "mkdir -p \"$FALLOW_OUTPUT_DIR/metrics\" && echo 'loss 0.25' > \"$FALLOW_OUTPUT_DIR/result.txt\" \
                       && echo 'step,loss' > \"$FALLOW_OUTPUT_DIR/metrics/epoch-1.csv\" && echo done";
-
-/// An HTTP server that takes PUTs: each path's body, kept; paths under `/denied/` get a 403.
-struct Bucket {
-    port: u16,
-    objects: Arc<Mutex<HashMap<String, Vec<u8>>>>,
-}
-
-impl Bucket {
-    fn start() -> Bucket {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("a port");
-        let port = listener.local_addr().expect("its address").port();
-        let objects: Arc<Mutex<HashMap<String, Vec<u8>>>> = Arc::default();
-        let kept = Arc::clone(&objects);
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let kept = Arc::clone(&kept);
-                std::thread::spawn(move || {
-                    let _ = serve_one(stream, &kept);
-                });
-            }
-        });
-        Bucket { port, objects }
-    }
-
-    fn object(&self, path: &str) -> Option<Vec<u8>> {
-        self.objects.lock().expect("objects").get(path).cloned()
-    }
-}
-
-fn serve_one(stream: std::net::TcpStream, kept: &Mutex<HashMap<String, Vec<u8>>>) -> std::io::Result<()> {
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut request_line = String::new();
-    reader.read_line(&mut request_line)?;
-    let mut length = 0usize;
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line)?;
-        if line.trim().is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().unwrap_or(0);
-        }
-    }
-    let mut body = vec![0u8; length];
-    reader.read_exact(&mut body)?;
-    let mut words = request_line.split_whitespace();
-    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or("").to_string());
-    let status = if method != "PUT" {
-        "405 Method Not Allowed"
-    } else if path.starts_with("/denied/") {
-        "403 Forbidden"
-    } else {
-        kept.lock().expect("objects").insert(path, body);
-        "200 OK"
-    };
-    let mut stream = stream;
-    write!(
-        stream,
-        "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-    )?;
-    stream.flush()
-}
 
 /// The archive's entries: (name, text of a file or "" for a directory).
 fn entries(archive: &[u8]) -> Vec<(String, String)> {
@@ -142,14 +75,8 @@ fn expected() -> Vec<(String, String)> {
 
 #[test]
 fn a_replicas_output_goes_to_its_url_or_stays_with_the_coordinator() {
-    let scratch = Scratch::new("fallow-outputs");
-    let data_dir = scratch.path.join("data");
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let mut dev = Dev::start(&data_dir, port, scratch.path.join("dev.log"));
-    dev.wait_ready();
-    let key = std::fs::read_to_string(data_dir.join("tenant.key")).expect("tenant.key");
-    let key = key.trim();
+    let started = common::dev::start_ready("fallow-outputs");
+    let (mut dev, url, key, scratch) = (started.dev, started.url, started.tenant_key.as_str(), &started.scratch);
     let bucket = Bucket::start();
 
     // To the URL, `{replica}` filled in.

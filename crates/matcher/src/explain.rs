@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use model::{GpuCatalog, GpuDemand, GpuModel, JobId, JobSpec, Micros, Timestamp, TopologyLevel};
+use model::{GpuCatalog, GpuDemand, GpuModel, JobId, JobSpec, Micros, NodeId, Timestamp, TopologyLevel};
 
 use crate::fit::{JobContext, Reason, model_name};
 use crate::state::Matcher;
@@ -363,6 +363,31 @@ impl Matcher {
     /// What the job would pay per GPU-hour now and how many GPUs could take it.
     pub fn quote(&self, job: &JobSpec, now: Timestamp) -> Quote {
         self.quote_naming(job, now, &[] as &[&str])
+    }
+
+    /// The `count` nodes a job of this shape would most likely get, best first: those that can
+    /// take a replica now, in the order the auction ranks them (its score, then the node), each
+    /// with whether it already holds every dataset the job names. For staging data ahead of a
+    /// job (`fallow dataset warm`).
+    pub fn likely_nodes(&self, job: &JobSpec, now: Timestamp, count: usize) -> Vec<(NodeId, bool)> {
+        let context = JobContext::new(job, now);
+        let mut fits: Vec<(u64, usize)> = (0..self.nodes.len())
+            .filter_map(|node| {
+                let fit = self.fit_on(node, &self.loads[node], &context).ok()?;
+                Some((fit.score, node))
+            })
+            .collect();
+        fits.sort_unstable();
+        fits.truncate(count);
+        fits.into_iter()
+            .map(|(_, node)| {
+                let holds = job
+                    .datasets
+                    .iter()
+                    .all(|dataset| self.nodes[node].holds_dataset(dataset.content_hash));
+                (self.nodes[node].id, holds)
+            })
+            .collect()
     }
 
     /// As [`Matcher::quote`], with the names the job gave its regions for the explanation (see

@@ -398,31 +398,37 @@ fn quote_reports_price_and_capacity() {
 }
 
 #[test]
-fn a_quote_counts_the_nodes_that_hold_the_jobs_data() {
+fn a_quote_counts_the_nodes_that_hold_the_jobs_data_and_they_rank_first() {
     let (topology, mut nodes) = fleet(vec![
         node("eu", "H100", 8, "2.00", 0.99),
         node("eu", "H100", 8, "2.00", 0.99),
         node("eu", "H100", 1, "2.00", 0.99),
         node("eu", "H100", 8, "2.00", 0.99),
     ]);
-    // Both datasets; one of them; both, on a node too small for the job; none.
-    for (node, held) in nodes.iter_mut().zip([vec![7, 9], vec![7], vec![7, 9], vec![]]) {
+    // None of the job's datasets; one of them; both, on a node too small for the job; both.
+    for (node, held) in nodes.iter_mut().zip([vec![], vec![7], vec![7, 9], vec![7, 9]]) {
         node.datasets = held;
     }
     let m = Matcher::new(topology, nodes, MatcherConfig::default());
     let mut spec = job(1, Tier::Silver, whole(2), "5");
+    spec.max_runtime_s = 3600;
+    // A tebibyte each: staging one takes a sizeable share of the job's hour at 10 Gbit/s.
     spec.datasets = [7, 9]
         .map(|content_hash| model::Dataset {
             content_hash,
-            size_bytes: 1 << 30,
+            size_bytes: 1 << 40,
         })
         .to_vec();
     let quote = m.quote(&spec, NOW);
     assert_eq!(quote.nodes_feasible, 3, "the one-GPU node cannot take two");
+    assert_eq!(quote.nodes_holding_data, 1, "one node that fits holds both datasets");
+    // The likeliest nodes, all asking the same: the one holding all its data, then the one
+    // holding half, then the one holding none; never the one too small.
     assert_eq!(
-        quote.nodes_holding_data, 1,
-        "only one node that fits holds both datasets"
+        m.likely_nodes(&spec, NOW, 10),
+        vec![(NodeId(3), true), (NodeId(1), false), (NodeId(0), false)]
     );
+    assert_eq!(m.likely_nodes(&spec, NOW, 1), vec![(NodeId(3), true)]);
 }
 
 #[test]

@@ -33,7 +33,11 @@ const SEED_BYTES: usize = 16;
 /// The canaries a heartbeat answer carries to `node`: those open and not past their deadline.
 /// The first delivery is noted: the coordinator's clock for the canary's rate starts there.
 pub async fn orders_for(state: &AppState, node: i64, now: i64) -> ApiResult<Vec<CanaryOrder>> {
-    if !state.canary_hints.may_have(&state.store, node).await? {
+    if !state
+        .canary_hints
+        .may_have(node, state.store.open_canary_nodes())
+        .await?
+    {
         return Ok(Vec::new());
     }
     let mut orders = Vec::new();

@@ -32,6 +32,7 @@ mod signatures;
 mod state;
 mod tls;
 mod usage;
+mod warm;
 mod wire;
 
 use std::net::SocketAddr;
@@ -98,6 +99,7 @@ pub(crate) fn api_routes() -> ApiRoutes {
         .get("/v1/jobs/{id}/logs", routes::job_logs)
         .get("/v1/jobs/{id}/output", routes::job_output)
         .get("/v1/offers", routes::search_offers)
+        .post("/v1/datasets/warm", routes::warm_dataset)
         .get("/v1/balance", routes::balance)
         .get("/v1/statement", routes::statement)
         .get("/v1/invoices", routes::invoice)

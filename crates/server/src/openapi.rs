@@ -61,6 +61,8 @@ use paths::{Body, Operation, PATHS, Who};
         api::LogChunkRequest,
         api::OutputUpload,
         api::OutputView,
+        api::WarmRequest,
+        api::WarmView,
         api::KeyRotation,
         api::ReclaimRequest,
         api::NodeRestatement,
@@ -455,6 +457,11 @@ fn constraints() -> Vec<(&'static str, &'static str, Value)> {
         ("JobRequest", "repair_billing", json!({"enum": ["bill", "pause"]})),
         ("JobRequest", "max_restarts", json!({"maximum": 100})),
         (
+            "WarmRequest",
+            "nodes",
+            json!({"minimum": 1, "maximum": api::WARM_NODES_MAX}),
+        ),
+        (
             "JobRequest",
             "output_url",
             json!({"maxLength": api::TEXT_FIELD_BYTES_MAX, "pattern": r"^https?://[^\x00]*$"}),
@@ -514,7 +521,7 @@ fn constraints() -> Vec<(&'static str, &'static str, Value)> {
         (
             "GatewayReport",
             "url",
-            json!({"maxLength": 512, "pattern": r"^https?://\S*$"}),
+            json!({"maxLength": 512, "pattern": r"^https?://[^\s\x00-\x1f\x7f-\x9f]*$"}),
         ),
     ]
 }

@@ -117,6 +117,8 @@ pub struct AppState {
     pub reputations: tokio::sync::Mutex<crate::books::reputation::Book>,
     /// Which nodes have canaries to deliver (`canaries`).
     pub canary_hints: crate::books::canaries::Hints,
+    /// The nodes asked to stage datasets ahead (`crate::warm`).
+    pub warm_hints: crate::books::canaries::Hints,
     /// Leases missing from their nodes' heartbeats (`fraud::Drops`).
     pub drops: crate::books::fraud::Drops,
     /// The leader's count of committed window hours (`fraud::WindowHours`).
@@ -224,6 +226,7 @@ impl AppState {
             fence: AtomicI64::new(0),
             reputations: tokio::sync::Mutex::new(crate::books::reputation::Book::default()),
             canary_hints: crate::books::canaries::Hints::default(),
+            warm_hints: crate::books::canaries::Hints::default(),
             drops: crate::books::fraud::Drops::default(),
             window_hours: Mutex::new(crate::books::fraud::WindowHours::default()),
         }

@@ -6,7 +6,7 @@ use sqlx::Row;
 use crate::accounts::is_unique_violation;
 use crate::{
     AttestationRow, EndedLease, EvidenceRow, JobOutputRow, JobUsage, LeaseEvent, LeaseProgress, LogChunk, NodeOutcome,
-    PricePoint, Result, RunWait, Store, TierCount, UsageCharge, UsageRow,
+    PricePoint, Result, RunWait, Store, TierCount, UsageCharge, UsageRow, WarmupRow,
 };
 
 fn usage_from(row: &sqlx::any::AnyRow) -> Result<UsageRow> {
@@ -147,6 +147,64 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    /// Asks nodes to stage datasets ahead; asking again for the same dataset on a node renews it.
+    pub async fn put_warmups(&self, warmups: &[WarmupRow]) -> Result<()> {
+        let mut transaction = self.begin_write().await?;
+        for warmup in warmups {
+            sqlx::query(
+                "INSERT INTO dataset_warmups (node_id, digest, url, size_bytes, tenant_id, requested_at, expires_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (node_id, digest) DO UPDATE SET url = excluded.url, size_bytes = excluded.size_bytes, \
+                 tenant_id = excluded.tenant_id, requested_at = excluded.requested_at, expires_at = excluded.expires_at",
+            )
+            .bind(warmup.node_id)
+            .bind(&warmup.digest)
+            .bind(&warmup.url)
+            .bind(warmup.size_bytes)
+            .bind(warmup.tenant_id)
+            .bind(warmup.requested_at)
+            .bind(warmup.expires_at)
+            .execute(&mut *transaction)
+            .await?;
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    /// The datasets a node is asked to stage, as of `now`.
+    pub async fn warmups_of_node(&self, node_id: i64, now: i64) -> Result<Vec<WarmupRow>> {
+        let rows = sqlx::query(
+            "SELECT node_id, digest, url, size_bytes, tenant_id, requested_at, expires_at FROM dataset_warmups \
+             WHERE node_id = $1 AND expires_at > $2 ORDER BY requested_at, digest",
+        )
+        .bind(node_id)
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(WarmupRow {
+                    node_id: row.try_get("node_id")?,
+                    digest: row.try_get("digest")?,
+                    url: row.try_get("url")?,
+                    size_bytes: row.try_get("size_bytes")?,
+                    tenant_id: row.try_get("tenant_id")?,
+                    requested_at: row.try_get("requested_at")?,
+                    expires_at: row.try_get("expires_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// The nodes asked to stage something, as of `now`.
+    pub async fn warm_nodes(&self, now: i64) -> Result<Vec<i64>> {
+        let rows = sqlx::query("SELECT DISTINCT node_id FROM dataset_warmups WHERE expires_at > $1")
+            .bind(now)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|row| Ok(row.try_get("node_id")?)).collect()
     }
 
     /// A job's output archives without their bytes (`archive` is `Some(empty)` where the

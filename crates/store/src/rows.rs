@@ -287,6 +287,18 @@ pub struct UsageRow {
     pub received_at: i64,
 }
 
+/// A dataset a node is asked to stage ahead (`fallow dataset warm`), until `expires_at`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WarmupRow {
+    pub node_id: i64,
+    pub digest: String,
+    pub url: String,
+    pub size_bytes: i64,
+    pub tenant_id: i64,
+    pub requested_at: i64,
+    pub expires_at: i64,
+}
+
 /// A replica's output archive: its digest and size, and its bytes where the coordinator keeps
 /// them (`None`: it went to the job's `output_url`).
 #[derive(Clone, Debug, PartialEq)]

@@ -2,29 +2,15 @@
 //! real server, from `FALLOW_TEST_POSTGRES_URL`). Without that variable the PostgreSQL leg is
 //! skipped with a loud message, unless `FALLOW_CI_REQUIRE_SERVICES=1`, where it fails.
 
-use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+mod common;
 
+use common::{on_every_backend, unique};
 use store::{
     AccountBalance, ApiKeyRecord, CanaryStanding, FraudRow, Heartbeat, JobRecord, JobState, LeaseMove, LeaseState,
     LedgerOutcome, LedgerTotals, LedgerTransactionRow, LiveLeaseTotals, NewCanary, NewJob, NewLease, NewNode,
     NodeOutcome, NodesVersion, OnlineChange, OverLimitChange, Overbooking, OverdueCanary, ProviderFraud, Role, Store,
     StoreError, TenantCharge, UsageRow, Victim,
 };
-
-static NEXT: AtomicU64 = AtomicU64::new(0);
-
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}_{}_{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .subsec_nanos()
-    )
-}
 
 fn online(node_id: i64, online: bool, changed_at: i64) -> OnlineChange {
     OnlineChange {
@@ -39,51 +25,6 @@ fn over_limit(node_id: i64, over_limit_since: Option<i64>, changed_at: i64) -> O
         node_id,
         over_limit_since,
         changed_at,
-    }
-}
-
-/// A fresh, empty database per backend: a new SQLite file, and a new PostgreSQL database.
-async fn backends() -> Vec<(&'static str, Store)> {
-    let path = std::env::temp_dir().join(format!("{}.db", unique("fallow_store")));
-    let sqlite = Store::open(&format!("sqlite://{}", path.display()))
-        .await
-        .expect("SQLite store opens");
-    let mut out = vec![("sqlite", sqlite)];
-    match std::env::var("FALLOW_TEST_POSTGRES_URL") {
-        Ok(url) => {
-            let name = unique("fallow_t");
-            // The base database only hosts CREATE DATABASE: no migrations are applied to it.
-            sqlx::any::install_default_drivers();
-            let mut admin = <sqlx::AnyConnection as sqlx::Connection>::connect(&url)
-                .await
-                .expect("PostgreSQL at FALLOW_TEST_POSTGRES_URL answers");
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                .execute(&mut admin)
-                .await
-                .expect("create a test database");
-            let _ = sqlx::Connection::close(admin).await;
-            let (base, _) = url.rsplit_once('/').expect("URL names a database");
-            let store = Store::open(&format!("{base}/{name}"))
-                .await
-                .expect("test database opens");
-            out.push(("postgres", store));
-        }
-        Err(_) if std::env::var("FALLOW_CI_REQUIRE_SERVICES").as_deref() == Ok("1") => {
-            panic!("FALLOW_TEST_POSTGRES_URL is not set but FALLOW_CI_REQUIRE_SERVICES=1: the PostgreSQL leg must run")
-        }
-        Err(_) => eprintln!("SKIPPED: PostgreSQL leg (set FALLOW_TEST_POSTGRES_URL to run it)"),
-    }
-    out
-}
-
-async fn on_every_backend<F, Fut>(test: F)
-where
-    F: Fn(&'static str, Store) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    for (name, store) in backends().await {
-        test(name, store.clone()).await;
-        store.close().await;
     }
 }
 
@@ -590,71 +531,6 @@ async fn usage_and_attestations_are_accepted_once() {
         assert!(!store.insert_attestation(&attestation).await.unwrap(), "{backend}");
         assert_eq!(store.attestation(7).await.unwrap(), Some(attestation));
 
-        // Output archives: kept bytes (every byte value, as a tar has), or only a digest.
-        let archive: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
-        let kept = store::JobOutputRow {
-            lease_id: 7,
-            epoch: 1,
-            job_id: 40,
-            replica: 0,
-            digest: "blake3:aa".to_string(),
-            size_bytes: archive.len() as i64,
-            archive: Some(archive.clone()),
-            received_at: 9,
-        };
-        assert!(store.put_job_output(&kept).await.unwrap(), "{backend}");
-        let again = store::JobOutputRow {
-            digest: "blake3:bb".to_string(),
-            archive: None,
-            ..kept.clone()
-        };
-        assert!(
-            !store.put_job_output(&again).await.unwrap(),
-            "{backend}: the same epoch's stays"
-        );
-        let elsewhere = store::JobOutputRow {
-            lease_id: 8,
-            replica: 1,
-            digest: "blake3:cc".to_string(),
-            archive: None,
-            ..kept.clone()
-        };
-        assert!(store.put_job_output(&elsewhere).await.unwrap());
-        let listed = store.job_outputs(40).await.unwrap();
-        assert_eq!(listed.len(), 2, "{backend}");
-        assert_eq!(
-            (listed[0].digest.as_str(), listed[0].archive.is_some()),
-            ("blake3:aa", true)
-        );
-        assert_eq!(
-            (listed[1].digest.as_str(), listed[1].archive.is_some()),
-            ("blake3:cc", false)
-        );
-        assert_eq!(
-            store.job_output_archive(40, 0).await.unwrap(),
-            Some(("blake3:aa".to_string(), archive.clone())),
-            "{backend}: the bytes as they came"
-        );
-        assert_eq!(
-            store.job_output_archive(40, 1).await.unwrap(),
-            None,
-            "{backend}: went to its URL"
-        );
-        let newer = store::JobOutputRow {
-            epoch: 2,
-            digest: "blake3:dd".to_string(),
-            archive: Some(vec![1, 2, 3]),
-            size_bytes: 3,
-            ..kept
-        };
-        assert!(
-            store.put_job_output(&newer).await.unwrap(),
-            "{backend}: a newer epoch's replaces it"
-        );
-        assert_eq!(
-            store.job_output_archive(40, 0).await.unwrap(),
-            Some(("blake3:dd".to_string(), vec![1, 2, 3]))
-        );
         store.record_evidence(Some(3), "bad_signature", "x", 1).await.unwrap();
         assert_eq!(store.evidence(Some(3), 10).await.unwrap().len(), 1);
         store.record_outcome(3, "lease_ok", 1).await.unwrap();

@@ -25,6 +25,7 @@ mod leases;
 mod logs;
 mod metering;
 mod pacer;
+mod prefetch;
 mod progress;
 
 use leases::{feed_guards, poll_leases};
@@ -189,6 +190,10 @@ pub struct Agent<E: Executor> {
     datasets: crate::datasets::DatasetCache,
     /// Fetches datasets.
     http: reqwest::Client,
+    /// Datasets being staged ahead at the coordinator's word, by digest, and when those that
+    /// failed did (not tried again for `PREFETCH_RETRY_AFTER`).
+    prefetching: HashMap<String, tokio::task::JoinHandle<()>>,
+    prefetch_failed: Arc<std::sync::Mutex<HashMap<String, tokio::time::Instant>>>,
     /// The last time the coordinator answered (a heartbeat or a lease poll).
     contact: tokio::sync::watch::Sender<tokio::time::Instant>,
     /// The coordinator's heartbeat timeout, from its last heartbeat answer.
@@ -310,6 +315,8 @@ impl<E: Executor> Agent<E> {
             stopping: HashMap::new(),
             datasets,
             http: reqwest::Client::new(),
+            prefetching: HashMap::new(),
+            prefetch_failed: Arc::default(),
             wanted: Vec::new(),
             launch_waiting: false,
             ended: std::collections::HashSet::new(),
@@ -444,6 +451,7 @@ impl<E: Executor> Agent<E> {
                                 self.take_limits(limits);
                             }
                             self.start_canaries(answer.canaries);
+                            self.prefetch(answer.prefetch);
                             self.gateways.send_if_modified(|gateways| {
                                 let changed = *gateways != answer.gateways;
                                 if changed {

@@ -816,7 +816,7 @@ fn quote(client: &Client, body: Map<String, Value>) -> anyhow::Result<()> {
 impl SpecArgs {
     /// The JobRequest body: the job file's fields, then the flags over them. `for_quote` fills
     /// in an image when none is given, since a quote does not depend on it.
-    fn request(&self, for_quote: bool) -> anyhow::Result<Map<String, Value>> {
+    pub(super) fn request(&self, for_quote: bool) -> anyhow::Result<Map<String, Value>> {
         let body = self.read_file(Purpose::Job)?.map(|file| file.job).unwrap_or_default();
         self.over(body, for_quote)
     }

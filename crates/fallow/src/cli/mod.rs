@@ -6,6 +6,7 @@ pub mod admin;
 pub mod catalog;
 pub mod completions;
 pub mod config;
+pub mod dataset;
 pub mod job;
 pub mod job_file;
 pub mod node;

@@ -96,3 +96,27 @@ pub fn json(output: Output, what: &str) -> serde_json::Value {
     let stdout = super::succeeded(&output, what);
     serde_json::from_str(&stdout).unwrap_or_else(|error| panic!("{what}: {error} in {stdout}"))
 }
+
+/// A `fallow dev` started in a scratch directory of its own and ready: its URL and the demo
+/// tenant's key (the scratch directory is removed when this is dropped, after `dev`).
+pub struct Started {
+    pub dev: Dev,
+    pub url: String,
+    pub tenant_key: String,
+    pub scratch: super::Scratch,
+}
+
+pub fn start_ready(name: &str) -> Started {
+    let scratch = super::Scratch::new(name);
+    let data_dir = scratch.path.join("data");
+    let port = super::free_port();
+    let mut dev = Dev::start(&data_dir, port, scratch.path.join("dev.log"));
+    dev.wait_ready();
+    let key = std::fs::read_to_string(data_dir.join("tenant.key")).expect("tenant.key");
+    Started {
+        dev,
+        url: format!("http://127.0.0.1:{port}"),
+        tenant_key: key.trim().to_string(),
+        scratch,
+    }
+}

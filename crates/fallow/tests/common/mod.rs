@@ -7,6 +7,7 @@
 // Each test binary uses part of the harness.
 #![allow(dead_code)]
 
+pub mod bucket;
 pub mod dev;
 pub mod world;
 

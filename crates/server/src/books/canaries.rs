@@ -1,11 +1,10 @@
 //! The canary service's book: which nodes have canaries open (`Hints`), so that a heartbeat
-//! asks the store only for those.
+//! asks the store only for those. The same hints keep the nodes asked to stage datasets
+//! (`crate::warm`).
 
 use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-use store::Store;
 
 /// A replica's list of nodes with canaries open is read again when older than this.
 pub const HINTS_FRESH_FOR: Duration = Duration::from_secs(1);
@@ -29,7 +28,11 @@ struct OpenCanaries {
 impl Hints {
     /// Whether `node` may have an open canary (read again from the store once a second, by one
     /// heartbeat at a time).
-    pub async fn may_have(&self, store: &Store, node: i64) -> store::Result<bool> {
+    pub async fn may_have(
+        &self,
+        node: i64,
+        read: impl Future<Output = store::Result<Vec<i64>>>,
+    ) -> store::Result<bool> {
         {
             let mut open = self.open.lock().expect("canary hints lock");
             let fresh = open.read_at.is_some_and(|at| at.elapsed() < HINTS_FRESH_FOR);
@@ -41,7 +44,7 @@ impl Hints {
             open.reading = true;
             open.added.clear();
         }
-        let read = store.open_canary_nodes().await;
+        let read = read.await;
         let mut open = self.open.lock().expect("canary hints lock");
         open.reading = false;
         let mut nodes: HashSet<i64> = read?.into_iter().collect();

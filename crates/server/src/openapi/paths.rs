@@ -281,6 +281,17 @@ pub(super) const PATHS: &[Operation] = &[
         query: OFFER_QUERY,
     },
     Operation {
+        method: "post",
+        path: "/v1/datasets/warm",
+        id: "warmDataset",
+        who: Who::Key("tenant"),
+        summary: "Stage a dataset ahead on the nodes a job of this shape would most likely get (for a day)",
+        request: Some("WarmRequest"),
+        response: Body::Schema("WarmView"),
+        status: 200,
+        query: &[],
+    },
+    Operation {
         method: "get",
         path: "/v1/balance",
         id: "getBalance",

@@ -144,6 +144,7 @@ pub async fn heartbeat(
         heartbeat_interval_ms: state.config.heartbeat_interval_ms,
         heartbeat_timeout_ms: state.config.heartbeat_timeout_ms,
         canaries: crate::canaries::orders_for(&state, signed.node_id, now).await?,
+        prefetch: crate::warm::orders_for(&state, signed.node_id, now, request.datasets.as_deref()).await?,
         gateways: state.gateway.others().into_iter().map(|(url, _, _)| url).collect(),
         limits: Some(state.node_identity(signed.node_id).await?.limits),
     }))

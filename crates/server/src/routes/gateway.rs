@@ -150,10 +150,13 @@ pub async fn report_gateway(
     JsonBody(report): JsonBody<api::GatewayReport>,
 ) -> Result<Json<api::GatewayList>, ApiError> {
     require(&caller, &[Role::Admin])?;
-    let url = report.url.trim();
+    // As the document's pattern says: no blank or control character anywhere (JSON Schema's
+    // `\s` and Rust's whitespace differ at U+0085 and U+FEFF: both are refused), at most 512
+    // characters.
+    let url = report.url.as_str();
     if !(url.starts_with("http://") || url.starts_with("https://"))
-        || url.len() > 512
-        || url.contains(char::is_whitespace)
+        || url.chars().count() > 512
+        || url.contains(|c: char| c.is_whitespace() || c.is_control() || c == '\u{feff}')
     {
         return Err(ApiError::BadRequest(format!(
             "url: {url:?} is not an http:// or https:// URL agents can dial"

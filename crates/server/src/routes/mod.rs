@@ -6,6 +6,7 @@
 mod admin;
 mod agent;
 mod billing;
+mod datasets;
 mod gateway;
 mod jobs;
 mod market;
@@ -25,6 +26,7 @@ pub(crate) use agent::{
     rotate_node_key,
 };
 pub(crate) use billing::{balance, invoice, own_balance, statement};
+pub(crate) use datasets::warm_dataset;
 pub(crate) use gateway::{agent_tunnel, gateway_node, list_gateways, report_gateway, serve, service_route};
 pub(crate) use jobs::{cancel_job, job_logs, job_logs_page, jobs_page, list_jobs, quote_job, show_job, submit_job};
 pub(crate) use market::{health, market, market_index};
