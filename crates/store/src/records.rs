@@ -5,8 +5,8 @@ use sqlx::Row;
 
 use crate::accounts::is_unique_violation;
 use crate::{
-    AttestationRow, EndedLease, EvidenceRow, JobOutputRow, JobUsage, LeaseEvent, LeaseProgress, LogChunk, NodeOutcome,
-    PricePoint, Result, RunWait, Store, TierCount, UsageCharge, UsageRow, WarmupRow,
+    AttestationRow, EndedLease, EvidenceRow, JobOutputInfo, JobOutputRow, JobUsage, LeaseEvent, LeaseProgress,
+    LogChunk, NodeOutcome, PricePoint, Result, RunWait, Store, TierCount, UsageCharge, UsageRow, WarmupRow,
 };
 
 fn usage_from(row: &sqlx::any::AnyRow) -> Result<UsageRow> {
@@ -207,12 +207,11 @@ impl Store {
         rows.iter().map(|row| Ok(row.try_get("node_id")?)).collect()
     }
 
-    /// A job's output archives without their bytes (`archive` is `Some(empty)` where the
-    /// coordinator keeps one), by lease.
-    pub async fn job_outputs(&self, job_id: i64) -> Result<Vec<JobOutputRow>> {
+    /// A job's output archives without their bytes, by lease.
+    pub async fn job_outputs(&self, job_id: i64) -> Result<Vec<JobOutputInfo>> {
         let rows = sqlx::query(
-            "SELECT lease_id, epoch, job_id, replica, digest, size_bytes, \
-             CAST(CASE WHEN archive IS NULL THEN 0 ELSE 1 END AS BIGINT) AS kept, received_at \
+            "SELECT lease_id, replica, digest, size_bytes, \
+             CAST(CASE WHEN archive IS NULL THEN 0 ELSE 1 END AS BIGINT) AS kept \
              FROM job_outputs WHERE job_id = $1 ORDER BY lease_id",
         )
         .bind(job_id)
@@ -221,15 +220,12 @@ impl Store {
         rows.iter()
             .map(|row| {
                 let kept: i64 = row.try_get("kept")?;
-                Ok(JobOutputRow {
+                Ok(JobOutputInfo {
                     lease_id: row.try_get("lease_id")?,
-                    epoch: row.try_get("epoch")?,
-                    job_id: row.try_get("job_id")?,
                     replica: row.try_get("replica")?,
                     digest: row.try_get("digest")?,
                     size_bytes: row.try_get("size_bytes")?,
-                    archive: (kept == 1).then(Vec::new),
-                    received_at: row.try_get("received_at")?,
+                    kept: kept == 1,
                 })
             })
             .collect()

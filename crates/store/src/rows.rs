@@ -313,6 +313,17 @@ pub struct JobOutputRow {
     pub received_at: i64,
 }
 
+/// A replica's output archive as a job's view lists it: without its bytes, whether the
+/// coordinator keeps them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobOutputInfo {
+    pub lease_id: i64,
+    pub replica: i64,
+    pub digest: String,
+    pub size_bytes: i64,
+    pub kept: bool,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttestationRow {
     pub lease_id: i64,

@@ -19,6 +19,10 @@ impl<E: Executor> Agent<E> {
     /// nor failed lately.
     pub(super) fn prefetch(&mut self, datasets: Vec<DatasetRequest>) {
         self.prefetching.retain(|_, task| !task.is_finished());
+        // Nearly every heartbeat asks nothing: no read of the cache's directory for those.
+        if datasets.is_empty() {
+            return;
+        }
         let held = self.datasets.digests();
         for dataset in datasets {
             let digest = dataset.digest.clone();

@@ -59,7 +59,7 @@ async fn full_job_view(state: &AppState, job: &JobRecord) -> ApiResult<JobView> 
             lease.output = Some(api::OutputView {
                 digest: output.digest,
                 size_bytes: output.size_bytes,
-                kept: output.archive.is_some(),
+                kept: output.kept,
             });
         }
     }
