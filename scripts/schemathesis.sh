@@ -170,6 +170,11 @@ wait(failed, ["failed", "finished"])
 cancelled = job("cancelled", gpu_models=["B200"])
 call("POST", f"/v1/jobs/{cancelled}/cancel", "acme", {})
 ids += [running, theirs, finished, failed, cancelled]
+# A booking two days ahead, so that reservation ids exist (and cancellations find one).
+booked = call("POST", "/v1/reservations", "acme", {
+    "gpus": 2, "gpu_model": "H100", "starts_at_us": int((time.time() + 2 * 86400) * 1e6), "hours": 2,
+    "max_price_per_gpu_hour": "5.00"})
+ids.append(booked["id"])
 nodes = [node["id"] for node in call("GET", "/v1/nodes", "admin")]
 print(",".join(str(i) for i in ids + nodes))
 EOF
@@ -211,9 +216,10 @@ expected-statuses = ["2xx", "3xx", 401, 402, 403, 404, 409, 429, "5xx"]
 # a 400 that names the rule: the offer filter is a language; a node key must not be a weak
 # (small-order) point; a window's or a price rule's start comes before its end, and a port
 # range's first port before its last; a service's min_replicas is at most its max_replicas; a
-# reclaim takes at most the node's GPUs. Every other check applies to these as to the rest.
+# reclaim takes at most the node's GPUs; a booking starts in the future, within a year. Every
+# other check applies to these as to the rest.
 [[operations]]
-include-operation-id = ["searchOffers", "registerNode", "registerNodes", "setNodePolicy", "agentRestateNode", "deployService", "updateService", "scaleService", "reclaimNode", "agentReclaim"]
+include-operation-id = ["searchOffers", "registerNode", "registerNodes", "setNodePolicy", "agentRestateNode", "deployService", "updateService", "scaleService", "reclaimNode", "agentReclaim", "createReservation"]
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", 400, 401, 402, 403, 404, 409, 429, "5xx"]
 
 [parameters]

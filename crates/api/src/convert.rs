@@ -218,6 +218,11 @@ impl JobRequest {
                 self.max_runtime_s
             ));
         }
+        if let Some(id) = self.reservation
+            && id < 1
+        {
+            return bad(format!("reservation: {id} is not a reservation's id (1 or more)"));
+        }
         if let Some(url) = &self.output_url {
             text("output_url", url)?;
             if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -296,6 +301,7 @@ impl JobRequest {
             submitted_at: submitted_at_s,
             runtime,
             avoid_nodes: Vec::new(),
+            reservation: None,
         })
     }
 }

@@ -10,6 +10,7 @@ pub mod backoff;
 mod convert;
 mod filter;
 mod policy;
+mod reservation;
 mod service;
 
 use std::collections::BTreeMap;
@@ -20,6 +21,7 @@ use utoipa::ToSchema;
 pub use convert::*;
 pub use filter::*;
 pub use policy::*;
+pub use reservation::*;
 pub use service::*;
 
 /// The largest request body the coordinator reads.
@@ -179,6 +181,10 @@ pub struct JobRequest {
     /// has its archive kept by the coordinator, up to 16 MiB (`GET /v1/jobs/{id}/output`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_url: Option<String>,
+    /// The reservation to run inside (`POST /v1/reservations`): placed only on its nodes, within
+    /// the GPUs it holds, while it lasts, and paid for by the booking rather than by usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<i64>,
 }
 
 /// How a serving replica is reached: the gateway sends `/s/{name}/PATH` to `PATH` on the

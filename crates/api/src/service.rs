@@ -216,6 +216,9 @@ impl ServiceRequest {
         if self.replica.replicas != 1 {
             return bad("replica.replicas: a service's replica is one job replica; give min_replicas and max_replicas");
         }
+        if self.replica.reservation.is_some() {
+            return bad("replica.reservation: a service's replicas run on the market, not inside a booking");
+        }
         if self.replica.client_token.is_some() {
             return bad("replica.client_token: the service submits its replicas itself; leave it out");
         }

@@ -41,6 +41,8 @@ enum Command {
     Dataset(cli::dataset::DatasetArgs),
     /// Tenants: search the market's offers.
     Offers(cli::offers::OffersArgs),
+    /// Tenants: book GPUs ahead at a price fixed now; list, show and cancel bookings.
+    Reserve(cli::reserve::ReserveArgs),
     /// Tenants: a service served through the gateway (requests, latency, tokens).
     Service(Box<cli::service::ServiceArgs>),
     /// Tenants: balance and usage.
@@ -91,6 +93,7 @@ fn main() -> ExitCode {
         Command::Job(args) => cli::job::run(*args),
         Command::Offers(args) => cli::offers::run(args),
         Command::Dataset(args) => cli::dataset::run(args),
+        Command::Reserve(args) => cli::reserve::run(args),
         Command::Service(args) => cli::service::run(*args),
         Command::Tenant(args) => cli::tenant::run(args),
         Command::Node(args) => cli::node::run(args),

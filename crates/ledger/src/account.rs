@@ -14,6 +14,9 @@ pub enum Account {
     TenantAvailable(i64),
     /// Money held for one running job (the id is the job's). Never below zero.
     Escrow(i64),
+    /// Money held for one booking of capacity ahead (the id is the reservation's). Never below
+    /// zero.
+    ReservationEscrow(i64),
     /// What a provider has earned and not yet been paid out or posted as bond. Never below zero.
     ProviderEarnings(i64),
     /// A provider's bond, slashed on proven fraud. Never below zero.
@@ -43,6 +46,7 @@ impl Account {
             ["platform", "sla"] => Account::PlatformSla,
             ["tenant", id, "available"] => Account::TenantAvailable(id.parse().map_err(|_| bad())?),
             ["escrow", "job", id] => Account::Escrow(id.parse().map_err(|_| bad())?),
+            ["escrow", "reservation", id] => Account::ReservationEscrow(id.parse().map_err(|_| bad())?),
             ["provider", id, "earnings"] => Account::ProviderEarnings(id.parse().map_err(|_| bad())?),
             ["provider", id, "bond"] => Account::ProviderBond(id.parse().map_err(|_| bad())?),
             _ => return Err(bad()),
@@ -65,6 +69,7 @@ impl fmt::Display for Account {
         match self {
             Account::TenantAvailable(id) => write!(f, "tenant:{id}:available"),
             Account::Escrow(job) => write!(f, "escrow:job:{job}"),
+            Account::ReservationEscrow(reservation) => write!(f, "escrow:reservation:{reservation}"),
             Account::ProviderEarnings(id) => write!(f, "provider:{id}:earnings"),
             Account::ProviderBond(id) => write!(f, "provider:{id}:bond"),
             Account::PlatformFees => f.write_str("platform:fees"),
@@ -87,6 +92,7 @@ mod tests {
     fn every_kind_round_trips_through_its_key() {
         check(Account::TenantAvailable(7), "tenant:7:available");
         check(Account::Escrow(42), "escrow:job:42");
+        check(Account::ReservationEscrow(5), "escrow:reservation:5");
         check(Account::ProviderEarnings(3), "provider:3:earnings");
         check(Account::ProviderBond(3), "provider:3:bond");
         check(Account::PlatformFees, "platform:fees");

@@ -193,6 +193,92 @@ pub fn release(
     .map(Some)
 }
 
+/// The tenant's available balance → a reservation's escrow, at booking: the whole price of the
+/// booked GPU-hours, or nothing (`InsufficientFunds`). Capacity booked ahead is paid for ahead.
+pub fn book(
+    tenant: i64,
+    reservation: i64,
+    amount: Micros,
+    tenant_available: Micros,
+    key: impl Into<String>,
+    at: i64,
+) -> Result<Transaction, LedgerError> {
+    let amount = positive("booking hold", amount)?;
+    let from = Account::TenantAvailable(tenant);
+    if tenant_available < amount {
+        return Err(LedgerError::InsufficientFunds {
+            account: from,
+            balance: tenant_available,
+        });
+    }
+    let memo = format!("hold of {amount} for reservation {reservation}");
+    transfer(
+        TransactionKind::Hold,
+        from,
+        Account::ReservationEscrow(reservation),
+        amount,
+        key,
+        at,
+        memo,
+    )
+}
+
+/// A reservation's escrow → a provider, for the GPU-hours its nodes held for the booking (or a
+/// share of a late cancellation's forfeit): the provider earns `amount` less the platform fee
+/// (rounded down, as usage is). Never more than the escrow holds; `None` when that is nothing.
+pub fn capacity_payment(
+    reservation: i64,
+    provider: i64,
+    amount: Micros,
+    fee_permille: u32,
+    escrow_balance: Micros,
+    key: impl Into<String>,
+    at: i64,
+) -> Result<Option<Transaction>, LedgerError> {
+    let fee_permille = permille("platform fee", fee_permille, 0)?;
+    let paid = amount.max(Micros::ZERO).min(escrow_balance.max(Micros::ZERO));
+    if paid <= Micros::ZERO {
+        return Ok(None);
+    }
+    let fee = paid
+        .scale(u64::from(fee_permille), u64::from(PERMILLE_WHOLE))
+        .ok_or(LedgerError::Overflow)?;
+    let mut entries = Vec::with_capacity(3);
+    push(&mut entries, Account::ReservationEscrow(reservation), negate(paid));
+    push(&mut entries, Account::ProviderEarnings(provider), sub(paid, fee)?);
+    push(&mut entries, Account::PlatformFees, fee);
+    let memo = format!("capacity held for reservation {reservation} by provider {provider}: {paid}, fee {fee}");
+    transaction(TransactionKind::Usage, key, at, entries, memo).map(Some)
+}
+
+/// A reservation's escrow → the tenant's available balance: a refund (a cancellation, a node
+/// lost and not replaced, the rest at the end). Never more than the escrow holds; `None` when
+/// that is nothing.
+pub fn reservation_release(
+    tenant: i64,
+    reservation: i64,
+    amount: Micros,
+    escrow_balance: Micros,
+    key: impl Into<String>,
+    at: i64,
+) -> Result<Option<Transaction>, LedgerError> {
+    let released = amount.max(Micros::ZERO).min(escrow_balance.max(Micros::ZERO));
+    if released <= Micros::ZERO {
+        return Ok(None);
+    }
+    let memo = format!("release of {released} held for reservation {reservation}");
+    transfer(
+        TransactionKind::Release,
+        Account::ReservationEscrow(reservation),
+        Account::TenantAvailable(tenant),
+        released,
+        key,
+        at,
+        memo,
+    )
+    .map(Some)
+}
+
 /// The SLA pot → the tenant's available balance: a credit for a gold SLA breach. The pot may go
 /// negative; the platform owes it.
 pub fn sla_credit(tenant: i64, amount: Micros, key: impl Into<String>, at: i64) -> Result<Transaction, LedgerError> {
@@ -408,6 +494,47 @@ mod tests {
     const T1: Account = Account::TenantAvailable(1);
     const T2: Account = Account::TenantAvailable(2);
     const ESCROW: Account = Account::Escrow(9);
+
+    #[test]
+    fn a_booking_holds_its_whole_price_or_nothing() {
+        let held = book(1, 3, Micros(5_000_000), Micros(5_000_000), "book", 0).expect("covered");
+        assert_eq!(held.entries[1].account, Account::ReservationEscrow(3));
+        assert_eq!(held.entries[1].amount, Micros(5_000_000));
+        assert!(matches!(
+            book(1, 3, Micros(5_000_001), Micros(5_000_000), "book", 0),
+            Err(LedgerError::InsufficientFunds { .. })
+        ));
+    }
+
+    #[test]
+    fn capacity_is_paid_from_the_reservation_escrow_less_the_fee_and_never_beyond_it() {
+        let paid = capacity_payment(3, 7, Micros(1_000_000), 100, Micros(600_000), "pay", 0)
+            .expect("builds")
+            .expect("something to pay");
+        let amount_of = |account: Account| {
+            paid.entries
+                .iter()
+                .find(|entry| entry.account == account)
+                .map(|entry| entry.amount)
+        };
+        assert_eq!(amount_of(Account::ReservationEscrow(3)), Some(Micros(-600_000)));
+        assert_eq!(amount_of(Account::ProviderEarnings(7)), Some(Micros(540_000)));
+        assert_eq!(amount_of(Account::PlatformFees), Some(Micros(60_000)));
+        assert_eq!(
+            capacity_payment(3, 7, Micros(1), 100, Micros::ZERO, "pay", 0).expect("builds"),
+            None
+        );
+        let back = reservation_release(1, 3, Micros(900), Micros(500), "back", 0)
+            .expect("builds")
+            .expect("something held");
+        assert_eq!(
+            back.entries[1],
+            Entry {
+                account: T1,
+                amount: Micros(500)
+            }
+        );
+    }
     const EARNINGS: Account = Account::ProviderEarnings(3);
     const BOND: Account = Account::ProviderBond(3);
     const FEES: Account = Account::PlatformFees;

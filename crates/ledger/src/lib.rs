@@ -44,8 +44,9 @@ mod transaction;
 
 pub use account::Account;
 pub use build::{
-    BillableUsage, PERMILLE_WHOLE, RefundPlan, SlashPlan, UsageCharge, bond_post, bond_post_external, deposit, hold,
-    hold_amount, payout, refund, release, sla_credit, slash, usage,
+    BillableUsage, PERMILLE_WHOLE, RefundPlan, SlashPlan, UsageCharge, bond_post, bond_post_external, book,
+    capacity_payment, deposit, hold, hold_amount, payout, refund, release, reservation_release, sla_credit, slash,
+    usage,
 };
 pub use error::LedgerError;
 pub use ledger::{Applied, Ledger};

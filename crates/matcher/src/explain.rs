@@ -357,6 +357,7 @@ impl Matcher {
                 None => "runtime".into(),
             },
             Reason::Avoided => "where a replica of the gang could not start".into(),
+            Reason::OutsideReservation => "outside the job's reservation".into(),
         }
     }
 

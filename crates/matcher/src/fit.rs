@@ -25,10 +25,11 @@ pub enum Reason {
     OverLimit,
     Runtime,
     Avoided,
+    OutsideReservation,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::Offline,
         Reason::Region,
         Reason::GpuModel,
@@ -45,6 +46,7 @@ impl Reason {
         Reason::OverLimit,
         Reason::Runtime,
         Reason::Avoided,
+        Reason::OutsideReservation,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +67,7 @@ impl Reason {
             Reason::OverLimit => "over_limit",
             Reason::Runtime => "runtime",
             Reason::Avoided => "avoided",
+            Reason::OutsideReservation => "outside_reservation",
         }
     }
 }
@@ -188,6 +191,11 @@ impl Matcher {
         }
         if !job.avoid_nodes.is_empty() && job.avoid_nodes.binary_search(&model::NodeId(node as u32)).is_ok() {
             return Err(Reason::Avoided);
+        }
+        if let Some(reservation) = job.reservation
+            && self.reservations.held(reservation, node) == 0
+        {
+            return Err(Reason::OutsideReservation);
         }
         if self.loads[node].cordoned {
             return Err(Reason::OverLimit);

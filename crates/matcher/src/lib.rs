@@ -20,7 +20,7 @@ mod state;
 pub use explain::{Explanation, Quote, thousands};
 pub use fit::Reason;
 pub use preempt::{PreemptionPlan, Victim};
-pub use reserve::{Reservation, ReservationId};
+pub use reserve::{Booking, Reservation, ReservationId};
 
 use model::{JobId, Lease, Micros, Node, NodeId, Tier, Timestamp, Topology};
 

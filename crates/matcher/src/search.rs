@@ -522,16 +522,33 @@ impl Matcher {
     /// The (k+1)-price converted to this winner's terms — the loser's ask scaled by the ratio of
     /// delivered compute (cu × reliability^α) — never below the winner's ask nor above the cap.
     pub(crate) fn price_for(&self, fit: &Fit, loser: Option<&Fit>, max_price: Micros) -> Micros {
-        let Some(loser) = loser else { return fit.ask };
-        let winner_statics = &self.statics[fit.node as usize];
-        let loser_statics = &self.statics[loser.node as usize];
-        let numerator = i128::from(loser.ask.0)
+        self.price_between(
+            (fit.node, fit.ask),
+            loser.map(|loser| (loser.node, loser.ask)),
+            max_price,
+        )
+    }
+
+    /// [`Matcher::price_for`] over (node, ask) pairs.
+    pub(crate) fn price_between(
+        &self,
+        winner: (u32, Micros),
+        loser: Option<(u32, Micros)>,
+        max_price: Micros,
+    ) -> Micros {
+        let (winner_node, winner_ask) = winner;
+        let Some((loser_node, loser_ask)) = loser else {
+            return winner_ask;
+        };
+        let winner_statics = &self.statics[winner_node as usize];
+        let loser_statics = &self.statics[loser_node as usize];
+        let numerator = i128::from(loser_ask.0)
             * i128::from(winner_statics.cu_milli)
             * i128::from(winner_statics.reliability_weight_ppm);
         let denominator =
             i128::from(loser_statics.cu_milli.max(1)) * i128::from(loser_statics.reliability_weight_ppm.max(1));
         let converted = Micros(i64::try_from((numerator + denominator / 2) / denominator).unwrap_or(i64::MAX));
-        converted.max(fit.ask).min(max_price.max(fit.ask))
+        converted.max(winner_ask).min(max_price.max(winner_ask))
     }
 
     /// Gangs: every candidate, grouped by the required topology domain; the cheapest domain

@@ -311,6 +311,65 @@ fn backfill_uses_gaps_before_a_reservation() {
     assert_eq!(m.leases_due_for_preemption(NOW + 3600), vec![placed.leases[0].id]);
 }
 
+/// A booking of GPUs ahead: the cheapest free GPUs at its start, priced by the first slot left
+/// out; bronze may use them until the start, silver only when it ends first; a job inside the
+/// booking runs on its nodes within what it holds; too many GPUs are refused with the count.
+#[test]
+fn a_booking_ahead_holds_the_cheapest_gpus_free_at_its_start() {
+    let mut m = matcher(vec![
+        node("eu", "H100", 4, "2.00", 0.99),
+        node("eu", "H100", 4, "2.50", 0.99),
+        node("eu", "H100", 4, "3.00", 0.99),
+        node("eu", "A100", 8, "1.00", 0.99),
+    ]);
+    let start = NOW + 86_400;
+    let mut shape = job(1 << 62, Tier::Gold, whole(1), "3.00");
+    shape.replicas = 6;
+    shape.max_runtime_s = 8 * 3600;
+    shape.resources.gpu_models = vec![m.nodes()[0].gpu_model];
+    let booking = m.book(&shape, NOW, start).expect("six H100s are free then");
+    assert_eq!(booking.reservation.start, start);
+    assert_eq!(booking.reservation.nodes, vec![(0, 4), (1, 2)]);
+    // The first slot left out is the 2.50 node's third GPU: both winners pay its ask.
+    assert_eq!(booking.prices, vec![Micros(2_500_000), Micros(2_500_000)]);
+
+    // Bronze may use the booked GPUs, marked to leave at the start; silver only if it ends first.
+    let mut bronze = job(2, Tier::Bronze, whole(4), "5");
+    bronze.resources.gpu_models = shape.resources.gpu_models.clone();
+    bronze.max_runtime_s = 2 * 86_400;
+    let placed = m.place(&bronze, NOW).expect("bronze fits before the start");
+    assert_eq!(placed.leases[0].node.0, 0, "the cheapest H100s");
+    assert_eq!(placed.preempt_at, Some(start));
+    let mut long = job(3, Tier::Silver, whole(4), "5");
+    long.resources.gpu_models = shape.resources.gpu_models.clone();
+    long.max_runtime_s = 2 * 86_400;
+    let long_placed = m.place(&long, NOW).expect("a node no booking needs whole");
+    assert_ne!(long_placed.leases[0].node.0, 0, "the booking holds node 0 whole");
+
+    // Inside the booking: on its nodes only, within the GPUs it holds there.
+    let mut inside = job(4, Tier::Gold, whole(2), "100");
+    inside.reservation = Some(shape.id);
+    inside.max_runtime_s = 3600;
+    m.join_reservation(inside.id, shape.id);
+    m.release_job(bronze.id, start);
+    let within = m.place(&inside, start).expect("the booking's GPUs");
+    assert!(within.leases.iter().all(|lease| lease.node.0 <= 1), "{within:?}");
+    let mut too_big = job(5, Tier::Gold, whole(4), "100");
+    too_big.reservation = Some(shape.id);
+    m.join_reservation(too_big.id, shape.id);
+    // Four GPUs left in the booking, but never four on one node of it.
+    assert!(m.plan(&too_big, start).is_err());
+
+    // Twelve H100s do not exist: refused, saying how many fit.
+    let mut big = shape.clone();
+    big.id = model::JobId((1 << 62) + 1);
+    big.replicas = 12;
+    match m.book(&big, NOW, start) {
+        Err(Unplaced::NoDomainFits { best, .. }) => assert!(best < 12, "{best}"),
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn gang_repair_replaces_lost_replicas_next_to_the_survivors() {
     let specs = (0..6)

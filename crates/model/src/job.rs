@@ -201,6 +201,9 @@ pub struct JobSpec {
     pub runtime: Option<Runtime>,
     /// Nodes this job is not placed on (a gang whose replica could not start there), sorted.
     pub avoid_nodes: Vec<NodeId>,
+    /// The booking ahead this job runs inside (the matcher's id of the reservation): placed only
+    /// on that reservation's nodes and within the GPUs it holds there.
+    pub reservation: Option<JobId>,
 }
 
 impl JobSpec {
@@ -231,6 +234,7 @@ impl JobSpec {
             submitted_at: 0,
             runtime: None,
             avoid_nodes: Vec::new(),
+            reservation: None,
         }
     }
 

@@ -61,15 +61,26 @@ pub fn decide(
     let mut out = Decisions::default();
     view.matcher.advance_clock(now_s);
     for job in queued {
-        let spec = match spec_of(view, job) {
+        let mut spec = match spec_of(view, job) {
             Ok(spec) => spec,
             Err(error) => {
                 out.waiting.push((job.id, format!("invalid spec: {error}")));
                 continue;
             }
         };
+        // The end of the booking a job runs inside, in µs (paid for by the booking).
+        let mut booked_until = None;
+        if spec.reservation.is_some() {
+            match inside_reservation(view, &mut spec, now_s) {
+                Ok(end) => booked_until = Some(end),
+                Err(reason) => {
+                    out.waiting.push((job.id, reason));
+                    continue;
+                }
+            }
+        }
         let available = balances.get(&job.tenant_id).copied().unwrap_or(Micros(0));
-        if available.0 <= 0 {
+        if available.0 <= 0 && booked_until.is_none() {
             out.waiting
                 .push((job.id, "waiting: the tenant's balance is $0; add credit".to_string()));
             continue;
@@ -89,18 +100,22 @@ pub fn decide(
             .sum();
         let wanted = ledger::hold_amount(spec.max_price, gpu_milli_total.max(1), u64::from(spec.max_runtime_s))
             .unwrap_or(available);
-        let hold = match ledger::hold(
-            job.tenant_id,
-            job.id,
-            wanted,
-            available,
-            format!("hold:job-{}", job.id),
-            now,
-        ) {
-            Ok(hold) => hold,
-            Err(error) => {
-                out.waiting.push((job.id, format!("waiting: {error}")));
-                continue;
+        let hold = if booked_until.is_some() {
+            None
+        } else {
+            match ledger::hold(
+                job.tenant_id,
+                job.id,
+                wanted,
+                available,
+                format!("hold:job-{}", job.id),
+                now,
+            ) {
+                Ok(hold) => Some(hold),
+                Err(error) => {
+                    out.waiting.push((job.id, format!("waiting: {error}")));
+                    continue;
+                }
             }
         };
         let victims = victim_leases(view, &victims);
@@ -122,12 +137,19 @@ pub fn decide(
         };
         let victims = take_victims(view, &victims, job.id, now);
         let held = hold
-            .entries
             .iter()
+            .flat_map(|hold| hold.entries.iter())
             .find(|entry| matches!(entry.account, Account::Escrow(_)))
             .map_or(0, |entry| entry.amount.0);
         balances.insert(job.tenant_id, Micros(available.0 - held));
-        let leases = new_leases(view, &placement, &committed, &spec, catalog, now);
+        let mut leases = new_leases(view, &placement, &committed, &spec, catalog, now);
+        if let Some(end) = booked_until {
+            // Paid for by the booking, and stopped at its end.
+            for lease in &mut leases {
+                lease.price_micros = 0;
+                lease.preempt_at = Some(lease.preempt_at.map_or(end, |at| at.min(end)));
+            }
+        }
         out.pending.push(Pending {
             job_id: job.id,
             submitted_at: job.submitted_at,
@@ -138,7 +160,7 @@ pub fn decide(
         out.writes.push(PlacementWrite {
             job_id: job.id,
             leases,
-            hold: Some(crate::money::row(&hold)),
+            hold: hold.as_ref().map(crate::money::row),
             victims,
         });
     }
@@ -162,6 +184,32 @@ fn plan(
     }
 }
 
+/// Readies the spec of a job that runs inside a booking: gold work on the booking's nodes, its
+/// price paid by the booking, its runtime cut to the booking's end (returned, in µs). The reason
+/// it waits when the booking has not started or is gone.
+fn inside_reservation(view: &mut FleetView, spec: &mut model::JobSpec, now_s: i64) -> Result<i64, String> {
+    let id = spec.reservation.expect("a job inside a reservation");
+    let number = id.0 - crate::reservations::MATCHER_ID_BASE;
+    let Some(reservation) = view.matcher.reservation(id) else {
+        return Err(format!("waiting: reservation {number} has ended or was cancelled"));
+    };
+    if now_s < reservation.start {
+        return Err(format!(
+            "waiting: reservation {number} starts at {}",
+            model::time::utc(reservation.start * 1_000_000)
+        ));
+    }
+    let end = reservation.end;
+    spec.tier = Tier::Gold;
+    spec.preemptible = false;
+    spec.max_price = Micros(i64::MAX / 4);
+    spec.max_runtime_s = spec
+        .max_runtime_s
+        .min(u32::try_from((end - now_s).max(1)).unwrap_or(u32::MAX));
+    view.matcher.join_reservation(spec.id, id);
+    Ok(end * 1_000_000)
+}
+
 /// A running gang's replacements for its lost replicas, committed in the view: the leases to
 /// write (each with its matcher lease) and the victims they preempt.
 #[derive(Debug)]
@@ -182,6 +230,7 @@ fn spec_of(view: &FleetView, job: &JobRecord) -> Result<model::JobSpec, api::Inp
         .filter_map(|node| view.dense.get(node).copied())
         .collect();
     spec.avoid_nodes.sort_unstable();
+    spec.reservation = request.reservation.map(crate::reservations::matcher_id);
     Ok(spec)
 }
 

@@ -26,6 +26,7 @@ mod reclaim;
 pub mod reconcile;
 mod rendezvous;
 mod reputation;
+mod reservations;
 mod routes;
 mod services;
 mod signatures;
@@ -100,6 +101,10 @@ pub(crate) fn api_routes() -> ApiRoutes {
         .get("/v1/jobs/{id}/output", routes::job_output)
         .get("/v1/offers", routes::search_offers)
         .post("/v1/datasets/warm", routes::warm_dataset)
+        .post("/v1/reservations", routes::create_reservation)
+        .get("/v1/reservations", routes::list_reservations)
+        .get("/v1/reservations/{id}", routes::show_reservation)
+        .post("/v1/reservations/{id}/cancel", routes::cancel_reservation)
         .get("/v1/balance", routes::balance)
         .get("/v1/statement", routes::statement)
         .get("/v1/invoices", routes::invoice)
@@ -111,6 +116,7 @@ pub(crate) fn api_routes() -> ApiRoutes {
             post(routes::register_nodes).layer(DefaultBodyLimit::max(api::NODE_BATCH_BODY_BYTES_MAX)),
         )
         .get("/v1/nodes/{id}", routes::show_node)
+        .get("/v1/nodes/{id}/calendar", routes::node_calendar)
         .put("/v1/nodes/{id}/policy", routes::set_policy)
         .post("/v1/nodes/{id}/reclaim", routes::reclaim_node)
         .delete("/v1/nodes/{id}/reclaim", routes::resume_node)

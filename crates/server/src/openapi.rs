@@ -63,6 +63,12 @@ use paths::{Body, Operation, PATHS, Who};
         api::OutputView,
         api::WarmRequest,
         api::WarmView,
+        api::ReservationRequest,
+        api::ReservationView,
+        api::ReservationNodeView,
+        api::ReservationList,
+        api::CalendarView,
+        api::CalendarEntry,
         api::KeyRotation,
         api::ReclaimRequest,
         api::NodeRestatement,
@@ -415,7 +421,7 @@ fn constraints() -> Vec<(&'static str, &'static str, Value)> {
         (
             "ServiceRequest",
             "replica",
-            json!({"allOf": [{"properties": {"replicas": {"const": 1}, "serve": {"type": "null"}, "client_token": {"type": "null"}}}]}),
+            json!({"allOf": [{"properties": {"replicas": {"const": 1}, "serve": {"type": "null"}, "client_token": {"type": "null"}, "reservation": {"type": "null"}}}]}),
         ),
         (
             "JobRequest",
@@ -461,6 +467,29 @@ fn constraints() -> Vec<(&'static str, &'static str, Value)> {
             "nodes",
             json!({"minimum": 1, "maximum": api::WARM_NODES_MAX}),
         ),
+        (
+            "ReservationRequest",
+            "gpus",
+            json!({"minimum": 1, "maximum": api::RESERVATION_GPUS_MAX}),
+        ),
+        (
+            "ReservationRequest",
+            "hours",
+            json!({"minimum": 1, "maximum": api::RESERVATION_HOURS_MAX}),
+        ),
+        ("ReservationRequest", "gpu_model", json!({"enum": models.clone()})),
+        ("ReservationRequest", "topology", json!({"enum": topologies.clone()})),
+        (
+            "ReservationRequest",
+            "max_price_per_gpu_hour",
+            json!({"pattern": PRICE}),
+        ),
+        (
+            "ReservationRequest",
+            "regions",
+            json!({"maxItems": api::REGIONS_MAX, "items": text.clone()}),
+        ),
+        ("JobRequest", "reservation", json!({"minimum": 1})),
         (
             "JobRequest",
             "output_url",

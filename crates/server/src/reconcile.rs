@@ -35,7 +35,8 @@ async fn build_view(state: &AppState) -> Result<FleetView, ApiError> {
     let leases = state.store.live_leases().await?;
     let standings = crate::reputation::standings(state, &NodeFacts::all(&nodes), state.now_us()).await?;
     Metrics::add(&state.metrics.rebuilds, 1);
-    let view = FleetView::build(nodes, &leases, &standings, version, state.config.matcher.clone());
+    let mut view = FleetView::build(nodes, &leases, &standings, version, state.config.matcher.clone());
+    crate::reservations::restore_all(state, &mut view).await?;
     if !view.conflicts.is_empty() {
         Metrics::add(&state.metrics.view_conflicts, view.conflicts.len() as u64);
         if state.config.strict_view {
@@ -194,6 +195,8 @@ pub struct Cursor {
     pub gangs_checked_at: i64,
     /// When the last pass looked for owners' reclaims whose time is up.
     pub reclaims_checked_at: i64,
+    /// When the last pass looked for bookings that start or end.
+    pub reservations_checked_at: i64,
 }
 
 /// How often the leader looks for gangs past their start barrier's deadline.
@@ -315,6 +318,10 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
             "a lease ran past its maximum runtime"
         );
         settle_job(state, ended.job_id).await?;
+    }
+    if now - cursor.reservations_checked_at >= crate::reservations::CHECK_EVERY_US {
+        cursor.reservations_checked_at = now;
+        crate::reservations::tend(state, now).await?;
     }
     if now - cursor.gangs_checked_at >= GANG_CHECK_EVERY_US {
         cursor.gangs_checked_at = now;
@@ -454,6 +461,7 @@ async fn lose_silent_nodes(state: &AppState, now: i64) -> Result<(), ApiError> {
             }
         }
         restart_jobs(state, &unrepaired, "its node went silent; queued again", now).await?;
+        crate::reservations::node_lost(state, node, now).await?;
         if in_window && let Some(record) = state.store.node(node).await? {
             crate::fraud::absence(state, &record, cutoff, now).await?;
         }

@@ -418,6 +418,7 @@ async fn submit_replica(
             spec,
             tier: tier.to_string(),
             submitted_at: now,
+            reservation_id: None,
         })
         .await?;
     tracing::info!(service = %service.name, job = record.id, version, tier, "replica submitted");

@@ -96,8 +96,8 @@ impl Store {
             // PostgreSQL, ON CONFLICT waits for a concurrent insert of the same token instead
             // of failing the whole batch.
             let inserted = sqlx::query(
-                "INSERT INTO jobs (tenant_id, client_token, spec, tier, state, state_reason, submitted_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, 'queued', '', $5, $5) \
+                "INSERT INTO jobs (tenant_id, client_token, spec, tier, state, state_reason, submitted_at, updated_at, \
+                 reservation_id) VALUES ($1, $2, $3, $4, 'queued', '', $5, $5, $6) \
                  ON CONFLICT (tenant_id, client_token) DO NOTHING RETURNING id",
             )
             .bind(job.tenant_id)
@@ -105,6 +105,7 @@ impl Store {
             .bind(&job.spec)
             .bind(&job.tier)
             .bind(job.submitted_at)
+            .bind(job.reservation_id)
             .fetch_optional(&mut *transaction)
             .await
             .map_err(|error| {
@@ -145,6 +146,20 @@ impl Store {
         }
         transaction.commit().await?;
         Ok(out)
+    }
+
+    /// The jobs that run inside a reservation, in the given states, oldest first.
+    pub async fn jobs_of_reservation(&self, reservation_id: i64, states: &[JobState]) -> Result<Vec<JobRecord>> {
+        let query = format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE reservation_id = $1 AND state IN ({}) ORDER BY id",
+            placeholders(2, states.len())
+        );
+        let mut select = sqlx::query(sqlx::AssertSqlSafe(query)).bind(reservation_id);
+        for state in states {
+            select = select.bind(state.as_str());
+        }
+        let rows = select.fetch_all(&self.pool).await?;
+        rows.iter().map(job_from).collect()
     }
 
     pub async fn job(&self, id: i64) -> Result<Option<JobRecord>> {
@@ -814,7 +829,7 @@ struct OnGpu {
 
 /// Fails unless `fence` is the current leadership epoch; holds the row until the transaction
 /// ends, so a new leader's `take_leadership` waits for this commit.
-async fn check_fence(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, fence: i64) -> Result<()> {
+pub(crate) async fn check_fence(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, fence: i64) -> Result<()> {
     let current = sqlx::query("UPDATE leadership SET epoch = epoch WHERE id = 1 AND epoch = $1")
         .bind(fence)
         .execute(&mut **transaction)

@@ -20,6 +20,7 @@ pub use jobs::{JobEnd, JobsWhere, PlacementWrite};
 pub use ledger::LedgerOutcome;
 /// The lease states are the model's: one enum from the matcher to the database.
 pub use model::LeaseState;
+pub use reservations::{LedgerWrite, NewReservation, RESERVATION_LIVE, ReservationNode, ReservationRecord};
 pub use rows::*;
 pub use services::{ServiceKeyRecord, ServiceRecord, ServiceReplica};
 pub use serving::ServingLease;
@@ -285,6 +286,7 @@ mod jobs;
 mod ledger;
 mod nodes;
 mod records;
+mod reservations;
 mod services;
 mod serving;
 mod sites;

@@ -155,6 +155,8 @@ pub struct NewJob {
     pub spec: String,
     pub tier: String,
     pub submitted_at: i64,
+    /// The reservation the job runs inside, if any.
+    pub reservation_id: Option<i64>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -82,6 +82,7 @@ fn job(tenant_id: i64, token: Option<&str>) -> NewJob {
         spec: r#"{"image":"busybox"}"#.to_string(),
         tier: "silver".to_string(),
         submitted_at: 1_000,
+        reservation_id: None,
     }
 }
 

@@ -221,6 +221,10 @@ pub(super) struct SpecArgs {
     /// the coordinator keeps the archive, up to 16 MiB: `fallow job output ID`.
     #[arg(long, value_name = "URL")]
     output_url: Option<String>,
+    /// Run inside one of your reservations (`fallow reserve create`): on its nodes, within the
+    /// GPUs it holds, once it starts, paid for by the booking. Whole GPUs only.
+    #[arg(long, value_name = "ID")]
+    reservation: Option<i64>,
     /// The command (after `--`); with --process, the program and its arguments.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -899,6 +903,9 @@ impl SpecArgs {
         }
         if let Some(url) = &self.output_url {
             set("output_url", json!(url));
+        }
+        if let Some(id) = self.reservation {
+            set("reservation", json!(id));
         }
         if let Some(mode) = &self.gang_repair {
             set("gang_repair", json!(mode));

@@ -13,6 +13,7 @@ pub mod node;
 pub mod offers;
 pub mod output;
 pub mod provider;
+pub mod reserve;
 pub mod service;
 pub mod tenant;
 

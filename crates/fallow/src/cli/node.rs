@@ -142,7 +142,7 @@ enum CalendarCommand {
     /// Add a window: weekly (`--weekly 'sat,sun 00:00-24:00'`) or once (`--from … --until …`).
     /// A node with windows sells only inside them.
     Add(CalendarAddArgs),
-    /// A node's windows, numbered.
+    /// A node's windows, numbered, and the windows booked ahead on it (reservations).
     List {
         /// The node's id.
         id: i64,
@@ -525,28 +525,58 @@ fn calendar_add(client: &Client, args: &CalendarAddArgs) -> anyhow::Result<()> {
 
 fn calendar_list(client: &Client, id: i64) -> anyhow::Result<()> {
     let (answer, node) = fetch(client, id)?;
+    let booked = client.get(&format!("/v1/nodes/{id}/calendar"), &[])?;
     if client.json {
-        output::print_json(&serde_json::json!({"node_id": id, "windows": answer["policy"]["windows"]}));
+        output::print_json(&serde_json::json!({
+            "node_id": id,
+            "windows": answer["policy"]["windows"],
+            "booked": booked["entries"],
+        }));
         return Ok(());
     }
     if node.policy.windows.is_empty() {
         println!("node {id} has no windows: it sells at all times");
+    } else {
+        let mut table = Table::new(&[
+            ("#", Align::Right),
+            ("KIND", Align::Left),
+            ("DAYS", Align::Left),
+            ("FROM", Align::Left),
+            ("UNTIL", Align::Left),
+        ]);
+        for (index, window) in node.policy.windows.iter().enumerate() {
+            let mut row = vec![(index + 1).to_string()];
+            row.extend(window_text(window));
+            table.row(row);
+        }
+        table.print();
+        println!("times in UTC; the node sells only inside these windows");
+    }
+    let booked: api::CalendarView = parse(&booked, "node calendar")?;
+    if booked.entries.is_empty() {
+        println!("nothing booked ahead on node {id}");
         return Ok(());
     }
+    println!("booked ahead (reservations hold these GPUs; bronze may use them until a grace period before):");
     let mut table = Table::new(&[
-        ("#", Align::Right),
-        ("KIND", Align::Left),
-        ("DAYS", Align::Left),
+        ("RESERVATION", Align::Right),
+        ("STATE", Align::Left),
+        ("GPUS", Align::Right),
+        ("PRICE/GPU-H", Align::Right),
         ("FROM", Align::Left),
         ("UNTIL", Align::Left),
     ]);
-    for (index, window) in node.policy.windows.iter().enumerate() {
-        let mut row = vec![(index + 1).to_string()];
-        row.extend(window_text(window));
-        table.row(row);
+    for entry in &booked.entries {
+        table.row(vec![
+            entry.reservation_id.to_string(),
+            entry.state.clone(),
+            entry.gpus.to_string(),
+            dollars(entry.price_micros_per_gpu_hour),
+            utc(entry.from_us),
+            utc(entry.until_us),
+        ]);
     }
     table.print();
-    println!("times in UTC; the node sells only inside these windows");
     Ok(())
 }
 

@@ -35,13 +35,17 @@ pub async fn balance(
     Query(query): Query<AccountQuery>,
 ) -> ApiResult<Json<BalanceView>> {
     let id = account_in_view(&caller, &query)?;
-    let escrow: i64 = state
-        .store
-        .balances("escrow:job:")
-        .await?
-        .into_iter()
-        .map(|row| row.balance)
-        .sum::<i64>();
+    // Held for jobs and for bookings ahead alike.
+    let mut escrow: i64 = 0;
+    for prefix in ["escrow:job:", "escrow:reservation:"] {
+        escrow += state
+            .store
+            .balances(prefix)
+            .await?
+            .into_iter()
+            .map(|row| row.balance)
+            .sum::<i64>();
+    }
     let escrow = if caller.role == Role::Admin && query.account_id.is_none() {
         escrow
     } else {
@@ -49,6 +53,14 @@ pub async fn balance(
         for job in state.store.jobs_of_tenant(id, None, PAGE_SIZE_MAX).await? {
             if !job.state.is_final() {
                 own += state.store.balance(&Account::Escrow(job.id).key()).await?;
+            }
+        }
+        for reservation in state.store.reservations_of_tenant(id).await? {
+            if reservation.is_live() {
+                own += state
+                    .store
+                    .balance(&Account::ReservationEscrow(reservation.id).key())
+                    .await?;
             }
         }
         own

@@ -94,7 +94,9 @@ pub async fn submit_job(
 ) -> ApiResult<(StatusCode, Json<JobView>)> {
     require(&caller, &[Role::Tenant])?;
     request.to_spec(0, caller.account_id, 0, |_| None)?;
-    if !state.recently_funded(caller.account_id) {
+    if let Some(id) = request.reservation {
+        inside_reservation(&state, &caller, id, &request).await?;
+    } else if !state.recently_funded(caller.account_id) {
         let available = money::balance(&state.store, Account::TenantAvailable(caller.account_id)).await?;
         if available.0 <= 0 {
             return Err(ApiError::PaymentRequired(
@@ -112,11 +114,49 @@ pub async fn submit_job(
             spec,
             tier: request.tier.clone(),
             submitted_at: state.now_us(),
+            reservation_id: request.reservation,
         })
         .await?;
     Metrics::add(&state.metrics.jobs_submitted, 1);
     state.wake.notify_one();
     Ok((StatusCode::CREATED, Json(job_view(&record, &[], 0, 0))))
+}
+
+/// Checks that a job may run inside the caller's reservation `id`: live, and big and long
+/// enough for the job's whole GPUs and runtime.
+async fn inside_reservation(state: &AppState, caller: &Caller, id: i64, request: &JobRequest) -> ApiResult<()> {
+    let record = super::reservations::own_reservation(state, caller, id)
+        .await
+        .map_err(|_| ApiError::NotFound(format!("reservation: {id} is not one of your reservations")))?;
+    if !record.is_live() {
+        return Err(ApiError::Conflict(format!(
+            "reservation: {id} has {} ({}); a job runs inside a booked or active reservation",
+            record.state, record.state_reason
+        )));
+    }
+    let gpus = match (request.gpus, request.gpu_share_milli, &request.compute_units) {
+        (Some(gpus), None, None) if gpus > 0 => i64::from(gpus) * i64::from(request.replicas),
+        _ => {
+            return Err(ApiError::Conflict(
+                "gpus: a job inside a reservation asks for whole GPUs per replica (the booking holds whole GPUs)"
+                    .into(),
+            ));
+        }
+    };
+    if gpus > record.gpus {
+        return Err(ApiError::Conflict(format!(
+            "gpus: the job asks for {gpus} GPUs in all and reservation {id} holds {}",
+            record.gpus
+        )));
+    }
+    let length_s = (record.ends_at - record.starts_at) / 1_000_000;
+    if i64::from(request.max_runtime_s) > length_s {
+        return Err(ApiError::Conflict(format!(
+            "max_runtime_s: {} is longer than reservation {id} ({length_s} s)",
+            request.max_runtime_s
+        )));
+    }
+    Ok(())
 }
 
 #[derive(Deserialize)]

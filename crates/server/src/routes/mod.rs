@@ -15,6 +15,7 @@ mod nodes;
 mod offers;
 mod outputs;
 mod records;
+mod reservations;
 mod services;
 mod trust;
 
@@ -38,6 +39,9 @@ pub(crate) use nodes::{
 pub(crate) use offers::search_offers;
 pub(crate) use outputs::{job_output, lease_output};
 pub(crate) use records::{attest, report_usage};
+pub(crate) use reservations::{
+    cancel_reservation, create_reservation, list_reservations, node_calendar, show_reservation,
+};
 pub(crate) use services::{
     create_service_key, delete_service, deploy_service, list_services, revoke_service_key, scale_service, service_logs,
     services_page, show_service, update_service,

@@ -344,6 +344,16 @@ impl Harness {
         (lock, server::reconcile::lead(state).await.expect("takes the lead"))
     }
 
+    /// Takes the lead (as `take_lead`) for a test that runs the passes itself with `Leader::pass`.
+    pub async fn lead(&self) -> Leader {
+        let (lock, cursor) = self.take_lead().await;
+        Leader {
+            _lock: lock,
+            cursor,
+            reasons: std::collections::HashMap::new(),
+        }
+    }
+
     /// What holds after every step: no GPU is in two live leases, but a preemption's victim
     /// beside its preemptor's leases in its grace period (the store's check), and the leader's
     /// view never failed to hold a stored live lease.
@@ -777,4 +787,20 @@ pub async fn run_until_placed(harness: &Harness, agent: &Agent, tenant: &Account
         harness.backend
     );
     (view, lease)
+}
+
+/// The leader lock and cursor of a test that drives the reconcile passes itself.
+pub struct Leader {
+    _lock: store::LeaderGuard,
+    cursor: server::reconcile::Cursor,
+    reasons: std::collections::HashMap<i64, String>,
+}
+
+impl Leader {
+    /// One reconcile pass; fails the test, saying `what`, if the pass fails.
+    pub async fn pass(&mut self, h: &Harness, what: &str) {
+        server::reconcile::pass(&h.running.state, &mut self.cursor, &mut self.reasons)
+            .await
+            .unwrap_or_else(|error| panic!("{}: {what}: the pass fails: {error}", h.backend));
+    }
 }
