@@ -302,6 +302,7 @@ impl JobRequest {
             runtime,
             avoid_nodes: Vec::new(),
             reservation: None,
+            only_nodes: Vec::new(),
         })
     }
 }

@@ -279,6 +279,11 @@ pub struct JobView {
     /// replica stopped). What `fallow job submit --wait` exits with.
     #[serde(default)]
     pub exit_code: Option<i64>,
+    /// Where it was placed last: "own" (the tenant's own nodes, at no market price), "market"
+    /// (other providers' nodes, at the auction's price) or "reservation" (inside a booking ahead,
+    /// paid by it); absent before its first lease.
+    #[serde(default)]
+    pub capacity: Option<String>,
 }
 
 /// A job's progress as its replicas report it (lines `COUNT UNIT` appended to the file named

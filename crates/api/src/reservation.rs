@@ -160,3 +160,29 @@ pub struct CalendarView {
     pub node_id: i64,
     pub entries: Vec<CalendarEntry>,
 }
+
+/// `POST /v1/own-providers`: link a provider account of the tenant's own organisation, proven
+/// by its API key. The tenant's jobs then go to that account's nodes first, at no market price.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OwnProviderRequest {
+    /// An API key of the provider account (checked, never stored here).
+    pub provider_key: String,
+}
+
+/// A provider account a tenant linked as its own.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct OwnProviderView {
+    pub provider_id: i64,
+    pub name: String,
+    pub linked_at_us: i64,
+    /// Its nodes now.
+    pub nodes: i64,
+    /// Their GPUs now.
+    pub gpus: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct OwnProviderList {
+    pub providers: Vec<OwnProviderView>,
+}

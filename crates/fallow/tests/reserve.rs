@@ -1,7 +1,9 @@
-//! Booking ahead from the command line, against a real `fallow dev`: `reserve create` books the
-//! dev node's two H100s a day ahead with the whole price held; a booking the fleet cannot meet
-//! fails with the reason; the provider sees the window in `node calendar list`; a job submitted
-//! with `--reservation` waits for the start; `reserve cancel` gives the hold back and ends it.
+//! Capacity set aside, from the command line, against a real `fallow dev`. Booking ahead:
+//! `reserve create` books the dev node's two H100s a day ahead with the whole price held; a
+//! booking the fleet cannot meet fails with the reason; the provider sees the window in `node
+//! calendar list`; a job submitted with `--reservation` waits for the start; `reserve cancel`
+//! gives the hold back and ends it. Hybrid: a tenant's own provider account's node runs its job
+//! at no market price.
 
 mod common;
 
@@ -171,4 +173,68 @@ fn now_rfc3339(seconds: i64) -> String {
         of_day / 3600,
         of_day / 60 % 60
     )
+}
+
+/// Hybrid from the command line: the dev tenant links the dev provider account (its key file
+/// proves it); a job then runs on that provider's node at no market price, `job show` says so,
+/// and nothing is charged.
+#[test]
+fn a_tenant_links_its_own_provider_and_its_job_runs_there_unpriced() {
+    let started = common::dev::start_ready("fallow-hybrid");
+    let (mut dev, url, key) = (started.dev, started.url, started.tenant_key.as_str());
+    let key_file = started.scratch.path.join("data").join("provider.key");
+    let key_file = key_file.to_str().expect("a UTF-8 path");
+    let linked = succeeded(
+        &fallow(&url, key, &["tenant", "link", "--provider-key-file", key_file]),
+        "tenant link",
+    );
+    assert!(linked.contains("your jobs go to these nodes first"), "{linked}");
+    let listed = json(fallow(&url, key, &["tenant", "links", "--json"]), "tenant links");
+    assert_eq!(listed["providers"][0]["gpus"], 2, "{listed}");
+
+    let before = json(fallow(&url, key, &["tenant", "balance", "--json"]), "balance");
+    let ran = succeeded(
+        &fallow(
+            &url,
+            key,
+            &[
+                "job",
+                "submit",
+                "--wait",
+                "--gpus",
+                "1",
+                "--tier",
+                "silver",
+                "--max-price",
+                "5",
+                "--process",
+                "--",
+                "echo",
+                "done",
+            ],
+        ),
+        "job submit --wait",
+    );
+    assert!(ran.contains("done"), "{ran}");
+    let jobs = json(fallow(&url, key, &["job", "list", "--json"]), "job list");
+    let id = jobs["jobs"][0]["id"].as_i64().expect("a job").to_string();
+    let shown = succeeded(&fallow(&url, key, &["job", "show", &id]), "job show");
+    assert!(shown.contains("your own nodes (no market price)"), "{shown}");
+    let after = json(fallow(&url, key, &["tenant", "balance", "--json"]), "balance");
+    assert_eq!(
+        after["available_micros"], before["available_micros"],
+        "nothing charged: {after}"
+    );
+
+    let unlinked = succeeded(
+        &fallow(
+            &url,
+            key,
+            &["tenant", "unlink", &listed["providers"][0]["provider_id"].to_string()],
+        ),
+        "tenant unlink",
+    );
+    assert!(unlinked.contains("no provider accounts linked"), "{unlinked}");
+    let status = dev.stop_with("-TERM");
+    assert!(status.success(), "exit status {status}:\n{}", dev.log());
 }

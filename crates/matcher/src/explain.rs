@@ -358,6 +358,7 @@ impl Matcher {
             },
             Reason::Avoided => "where a replica of the gang could not start".into(),
             Reason::OutsideReservation => "outside the job's reservation".into(),
+            Reason::NotListed => "outside the nodes the job is limited to".into(),
         }
     }
 

@@ -26,10 +26,11 @@ pub enum Reason {
     Runtime,
     Avoided,
     OutsideReservation,
+    NotListed,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::Offline,
         Reason::Region,
         Reason::GpuModel,
@@ -47,6 +48,7 @@ impl Reason {
         Reason::Runtime,
         Reason::Avoided,
         Reason::OutsideReservation,
+        Reason::NotListed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -68,6 +70,7 @@ impl Reason {
             Reason::Runtime => "runtime",
             Reason::Avoided => "avoided",
             Reason::OutsideReservation => "outside_reservation",
+            Reason::NotListed => "not_listed",
         }
     }
 }
@@ -191,6 +194,9 @@ impl Matcher {
         }
         if !job.avoid_nodes.is_empty() && job.avoid_nodes.binary_search(&model::NodeId(node as u32)).is_ok() {
             return Err(Reason::Avoided);
+        }
+        if !job.only_nodes.is_empty() && job.only_nodes.binary_search(&model::NodeId(node as u32)).is_err() {
+            return Err(Reason::NotListed);
         }
         if let Some(reservation) = job.reservation
             && self.reservations.held(reservation, node) == 0

@@ -204,6 +204,9 @@ pub struct JobSpec {
     /// The booking ahead this job runs inside (the matcher's id of the reservation): placed only
     /// on that reservation's nodes and within the GPUs it holds there.
     pub reservation: Option<JobId>,
+    /// The only nodes this job may be placed on, sorted (a tenant's own nodes, tried first);
+    /// empty: any.
+    pub only_nodes: Vec<NodeId>,
 }
 
 impl JobSpec {
@@ -235,6 +238,7 @@ impl JobSpec {
             runtime: None,
             avoid_nodes: Vec::new(),
             reservation: None,
+            only_nodes: Vec::new(),
         }
     }
 

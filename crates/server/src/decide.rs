@@ -52,6 +52,7 @@ pub fn decide(
     view: &mut FleetView,
     queued: &[JobRecord],
     balances: &HashMap<i64, Micros>,
+    owned: &Owned,
     rules: Rules,
     now: i64,
 ) -> Decisions {
@@ -60,6 +61,8 @@ pub fn decide(
     let mut balances = balances.clone();
     let mut out = Decisions::default();
     view.matcher.advance_clock(now_s);
+    // Each tenant's own nodes in the view, found once per decision.
+    let mut own_nodes: HashMap<i64, Vec<model::NodeId>> = HashMap::new();
     for job in queued {
         let mut spec = match spec_of(view, job) {
             Ok(spec) => spec,
@@ -79,13 +82,35 @@ pub fn decide(
                 }
             }
         }
+        // Hybrid: a tenant's own nodes first, at no market price; the market for what does not
+        // fit there.
+        let own = match owned.providers.get(&job.tenant_id) {
+            Some(providers) if booked_until.is_none() => own_nodes
+                .entry(job.tenant_id)
+                .or_insert_with(|| nodes_of(view, providers))
+                .clone(),
+            _ => Vec::new(),
+        };
+        let on_own = if own.is_empty() {
+            None
+        } else {
+            let mut own_spec = spec.clone();
+            own_spec.only_nodes = own;
+            own_spec.max_price = Micros(i64::MAX / 4);
+            plan(view, &own_spec, now_s).ok()
+        };
         let available = balances.get(&job.tenant_id).copied().unwrap_or(Micros(0));
-        if available.0 <= 0 && booked_until.is_none() {
+        if available.0 <= 0 && booked_until.is_none() && on_own.is_none() {
             out.waiting
                 .push((job.id, "waiting: the tenant's balance is $0; add credit".to_string()));
             continue;
         }
-        let (placement, victims) = match plan(view, &spec, now_s) {
+        let unpriced = booked_until.is_some() || on_own.is_some();
+        let planned = match on_own {
+            Some(planned) => Ok(planned),
+            None => plan(view, &spec, now_s),
+        };
+        let (placement, victims) = match planned {
             Ok(planned) => planned,
             Err(unplaced) => {
                 out.waiting.push((job.id, waiting(rules, &spec, &unplaced)));
@@ -100,7 +125,7 @@ pub fn decide(
             .sum();
         let wanted = ledger::hold_amount(spec.max_price, gpu_milli_total.max(1), u64::from(spec.max_runtime_s))
             .unwrap_or(available);
-        let hold = if booked_until.is_some() {
+        let hold = if unpriced {
             None
         } else {
             match ledger::hold(
@@ -143,10 +168,15 @@ pub fn decide(
             .map_or(0, |entry| entry.amount.0);
         balances.insert(job.tenant_id, Micros(available.0 - held));
         let mut leases = new_leases(view, &placement, &committed, &spec, catalog, now);
-        if let Some(end) = booked_until {
-            // Paid for by the booking, and stopped at its end.
+        if unpriced {
+            // The tenant's own nodes, or a booking it paid for: no market price.
             for lease in &mut leases {
                 lease.price_micros = 0;
+            }
+        }
+        if let Some(end) = booked_until {
+            // Stopped at the booking's end.
+            for lease in &mut leases {
                 lease.preempt_at = Some(lease.preempt_at.map_or(end, |at| at.min(end)));
             }
         }
@@ -165,6 +195,26 @@ pub fn decide(
         });
     }
     out
+}
+
+/// The provider accounts each tenant linked as its own (hybrid): its jobs go to their nodes
+/// first, at no market price.
+#[derive(Clone, Debug, Default)]
+pub struct Owned {
+    pub providers: HashMap<i64, Vec<i64>>,
+}
+
+/// The view's nodes of these providers, as the matcher's sorted ids.
+fn nodes_of(view: &FleetView, providers: &[i64]) -> Vec<model::NodeId> {
+    let mut nodes: Vec<model::NodeId> = view
+        .records
+        .iter()
+        .zip(&view.node_ids)
+        .filter(|(record, _)| providers.contains(&record.node.provider_id))
+        .filter_map(|(_, id)| view.dense.get(id).copied())
+        .collect();
+    nodes.sort_unstable();
+    nodes
 }
 
 /// Where `spec` goes: a plain placement, or else (but for bronze) one that preempts bronze
@@ -430,7 +480,7 @@ mod tests {
         // and the other tenant's job is placed on its own money.
         let balances = HashMap::from([(7, Micros(1_000_000)), (8, Micros(50_000_000))]);
         let queued = [job(1, 7, "silver", 1), job(2, 7, "silver", 1), job(3, 8, "silver", 1)];
-        let decided = decide(&mut view, &queued, &balances, RULES, NOW);
+        let decided = decide(&mut view, &queued, &balances, &Owned::default(), RULES, NOW);
         let placed: Vec<i64> = decided.writes.iter().map(|write| write.job_id).collect();
         assert_eq!(placed, vec![1, 3]);
         assert_eq!(escrow(&decided.writes[0]), 1_000_000, "held what the tenant had");
@@ -459,6 +509,7 @@ mod tests {
             &mut view,
             &[job(1, 9, "silver", 1), broken],
             &HashMap::new(),
+            &Owned::default(),
             RULES,
             NOW,
         );
@@ -480,7 +531,14 @@ mod tests {
         let mut view = view(&[]);
         let balances = HashMap::from([(7, Micros(50_000_000))]);
         let rules = Rules { gold_needs_badge: true };
-        let decided = decide(&mut view, &[job(1, 7, "gold", 1)], &balances, rules, NOW);
+        let decided = decide(
+            &mut view,
+            &[job(1, 7, "gold", 1)],
+            &balances,
+            &Owned::default(),
+            rules,
+            NOW,
+        );
         assert!(decided.writes.is_empty(), "no node here is gold-eligible");
         assert!(
             decided.waiting[0].1.contains("gold-badge providers"),
@@ -495,7 +553,14 @@ mod tests {
         bronze.lease.tier = "bronze".into();
         let mut view = view(&[bronze]);
         let balances = HashMap::from([(7, Micros(500_000_000))]);
-        let decided = decide(&mut view, &[job(1, 7, "silver", 8)], &balances, RULES, NOW);
+        let decided = decide(
+            &mut view,
+            &[job(1, 7, "silver", 8)],
+            &balances,
+            &Owned::default(),
+            RULES,
+            NOW,
+        );
         assert_eq!(decided.writes.len(), 1, "{:?}", decided.waiting);
         let grace_us = i64::from(MatcherConfig::default().preemption_grace_s) * 1_000_000;
         assert_eq!(

@@ -28,6 +28,33 @@ async fn read_body(request: Request) -> Result<Bytes, ApiError> {
     })
 }
 
+/// A body sent with a request whose route takes none (a GET, HEAD, DELETE or OPTIONS of the
+/// API) is read and dropped before the route answers: left unread, it would make the
+/// connection close under the answer and cut a long one short. One over the body limit is
+/// refused with a 413, as any is. The gateway's routes (`/s/…`) pass their bodies through.
+pub async fn read_unused_body(request: Request, next: axum::middleware::Next) -> axum::response::Response {
+    use axum::http::Method;
+    use axum::response::IntoResponse;
+    let bodiless = matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS
+    );
+    let has_body = request.headers().contains_key(axum::http::header::CONTENT_LENGTH)
+        || request.headers().contains_key(axum::http::header::TRANSFER_ENCODING);
+    if !bodiless || !has_body || request.uri().path().starts_with("/s/") {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    if axum::body::to_bytes(body, api::REQUEST_BODY_BYTES_MAX).await.is_err() {
+        return ApiError::TooLarge(format!(
+            "request body is larger than {} bytes (and this request takes none)",
+            api::REQUEST_BODY_BYTES_MAX
+        ))
+        .into_response();
+    }
+    next.run(Request::from_parts(parts, axum::body::Body::empty())).await
+}
+
 /// Parses a JSON body; a refusal names the field at fault (`leases[0]: invalid type …`).
 ///
 /// A number with no fraction written as a float (`8.0`) is the integer it equals, as JSON Schema

@@ -69,6 +69,9 @@ use paths::{Body, Operation, PATHS, Who};
         api::ReservationList,
         api::CalendarView,
         api::CalendarEntry,
+        api::OwnProviderRequest,
+        api::OwnProviderView,
+        api::OwnProviderList,
         api::KeyRotation,
         api::ReclaimRequest,
         api::NodeRestatement,
@@ -490,6 +493,11 @@ fn constraints() -> Vec<(&'static str, &'static str, Value)> {
             json!({"maxItems": api::REGIONS_MAX, "items": text.clone()}),
         ),
         ("JobRequest", "reservation", json!({"minimum": 1})),
+        (
+            "OwnProviderRequest",
+            "provider_key",
+            json!({"minLength": 1, "maxLength": 256, "pattern": PRINTABLE}),
+        ),
         (
             "JobRequest",
             "output_url",

@@ -15,7 +15,7 @@ use trust::rules::Outcome;
 
 use crate::books::reputation::NodeFacts;
 use crate::config::{RECONCILE_JOBS_MAX, micros_of_ms};
-use crate::decide::{Pending, Repair, Rules, decide, decide_repair};
+use crate::decide::{Owned, Pending, Repair, Rules, decide, decide_repair};
 use crate::error::ApiError;
 use crate::fleet::FleetView;
 use crate::lifecycle::{end_preempted, lose_leases_of_node, restart_jobs, settle_job, why_preempted};
@@ -560,6 +560,12 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
             entry.insert(Micros(state.store.balance(&key).await?));
         }
     }
+    let mut owned = Owned::default();
+    for (tenant, provider, _) in state.store.own_provider_links().await? {
+        if balances.contains_key(&tenant) {
+            owned.providers.entry(tenant).or_default().push(provider);
+        }
+    }
     let rules = Rules {
         gold_needs_badge: state.config.gold_needs_badge,
     };
@@ -567,7 +573,7 @@ async fn place_queued(state: &AppState, now: i64, reasons: &mut HashMap<i64, Str
         let mut guard = state.view.lock().await;
         let view = guard.as_mut().expect("built before placing");
         let started = Instant::now();
-        let decisions = decide(view, &queued, &balances, rules, now);
+        let decisions = decide(view, &queued, &balances, &owned, rules, now);
         Metrics::add(&state.metrics.decision_nanos, started.elapsed().as_nanos() as u64);
         decisions
     };

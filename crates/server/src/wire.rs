@@ -141,6 +141,7 @@ pub fn job_view(job: &JobRecord, leases: &[LeaseRecord], cost_micros: i64, escro
         explanation: None,
         progress: None,
         exit_code: job_exit_code(job, leases),
+        capacity: None,
     }
 }
 

@@ -1,6 +1,6 @@
-//! Capacity booked ahead: reservations, the nodes each holds and for when, and the jobs that
-//! run inside them. A booking, a change of its nodes and its end each write their money in the
-//! same transaction as their rows.
+//! Capacity set aside: reservations booked ahead (the nodes each holds and for when, the jobs
+//! that run inside them; a booking, a change of its nodes and its end each write their money in
+//! the same transaction as their rows), and the provider accounts a tenant owns (hybrid).
 
 use sqlx::Row;
 
@@ -357,4 +357,47 @@ fn node_from(row: &sqlx::any::AnyRow) -> Result<ReservationNode> {
         held_until: row.try_get("held_until")?,
         lost_at: row.try_get("lost_at")?,
     })
+}
+
+impl Store {
+    /// Links a provider account of the tenant's own organisation (again: nothing changes).
+    pub async fn link_own_provider(&self, tenant_id: i64, provider_id: i64, now: i64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO own_providers (tenant_id, provider_id, linked_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (tenant_id, provider_id) DO NOTHING",
+        )
+        .bind(tenant_id)
+        .bind(provider_id)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Unlinks one; false when it was not linked.
+    pub async fn unlink_own_provider(&self, tenant_id: i64, provider_id: i64) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM own_providers WHERE tenant_id = $1 AND provider_id = $2")
+            .bind(tenant_id)
+            .bind(provider_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Every link: (tenant, provider, linked at), by tenant then provider.
+    pub async fn own_provider_links(&self) -> Result<Vec<(i64, i64, i64)>> {
+        let rows =
+            sqlx::query("SELECT tenant_id, provider_id, linked_at FROM own_providers ORDER BY tenant_id, provider_id")
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get("tenant_id")?,
+                    row.try_get("provider_id")?,
+                    row.try_get("linked_at")?,
+                ))
+            })
+            .collect()
+    }
 }

@@ -214,6 +214,8 @@ class JobRequest(Wire):
     #: when it ends; `{replica}` in it is replaced by the replica's number (without it, replica 0
     #: alone uses it). Without one the coordinator keeps the archive, up to 16 MiB.
     output_url: Optional[str] = None
+    #: A reservation of the tenant's to run inside (booked ahead; whole GPUs only).
+    reservation: Optional[int] = None
 
 
 @dataclass
@@ -313,6 +315,9 @@ class JobView(Wire):
     #: 0 when it finished; when it failed, the code of the replica that failed first (None when
     #: none exited with one).
     exit_code: Optional[int] = None
+    #: Where it was placed last: "own" (the tenant's own nodes, no market price), "market" or
+    #: "reservation" (inside a booking); None before its first lease.
+    capacity: Optional[str] = None
 
     @property
     def ended(self) -> bool:

@@ -535,6 +535,15 @@ fn print_job(answer: &Value, job: &JobView) {
         ("cost", dollars(job.cost_micros)),
         ("escrow", dollars(job.escrow_micros)),
     ]);
+    if let Some(capacity) = &job.capacity {
+        let said = match capacity.as_str() {
+            "own" => "your own nodes (no market price)".to_string(),
+            "reservation" => format!("inside reservation {} (paid by it)", spec.reservation.unwrap_or(0)),
+            "market" => "the market (other providers' nodes, the auction's price)".to_string(),
+            other => other.to_string(),
+        };
+        pairs.push(("placed on", said));
+    }
     if let Some(dir) = &spec.checkpoint_dir {
         pairs.push(("checkpoints", dir.clone()));
     }

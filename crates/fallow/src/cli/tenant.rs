@@ -1,7 +1,8 @@
-//! `fallow tenant`: a tenant's money: the balance, a month's usage by job, the ledger.
+//! `fallow tenant`: a tenant's money (the balance, a month's usage by job, the ledger) and the
+//! provider accounts it links as its own (hybrid).
 
 use anyhow::bail;
-use api::{BalanceView, InvoiceView, StatementView};
+use api::{BalanceView, InvoiceView, OwnProviderList, StatementView};
 use clap::{Args, Subcommand};
 
 use super::output::{self, Align, Table, dollars, utc};
@@ -29,6 +30,21 @@ enum TenantCommand {
         #[arg(long, conflicts_with = "period")]
         ledger: bool,
     },
+    /// Link a provider account of your own organisation, proven by its API key: your jobs then
+    /// go to its nodes first, at no market price, and to the market only for what does not fit
+    /// there; its nodes still sell their idle time to others.
+    Link {
+        /// A file holding the provider account's API key (e.g. `fallow dev`'s provider.key).
+        #[arg(long, value_name = "PATH")]
+        provider_key_file: std::path::PathBuf,
+    },
+    /// The provider accounts you linked as your own, with their nodes and GPUs.
+    Links,
+    /// Unlink one: your jobs buy its nodes' time on the market again.
+    Unlink {
+        /// The provider account's id.
+        provider_id: i64,
+    },
 }
 
 pub fn run(args: TenantArgs) -> anyhow::Result<()> {
@@ -37,7 +53,51 @@ pub fn run(args: TenantArgs) -> anyhow::Result<()> {
         TenantCommand::Balance => balance(&client),
         TenantCommand::Usage { ledger: true, .. } => statement(&client),
         TenantCommand::Usage { period, .. } => usage(&client, period.unwrap_or_else(output::this_month)),
+        TenantCommand::Link { provider_key_file } => {
+            let key = std::fs::read_to_string(&provider_key_file)
+                .map_err(|error| anyhow::anyhow!("--provider-key-file {}: {error}", provider_key_file.display()))?;
+            let answer = client.post("/v1/own-providers", &serde_json::json!({"provider_key": key.trim()}))?;
+            links(&client, &answer)
+        }
+        TenantCommand::Links => links(&client, &client.get("/v1/own-providers", &[])?),
+        TenantCommand::Unlink { provider_id } => {
+            let path = format!("/v1/own-providers/{provider_id}");
+            links(&client, &client.send(reqwest::Method::DELETE, &path, &[], None)?)
+        }
     }
+}
+
+fn links(client: &Client, answer: &serde_json::Value) -> anyhow::Result<()> {
+    if client.json {
+        output::print_json(answer);
+        return Ok(());
+    }
+    let list: OwnProviderList = parse(answer, "own providers")?;
+    if list.providers.is_empty() {
+        println!(
+            "no provider accounts linked: your jobs buy on the market (`fallow tenant link --provider-key-file F`)"
+        );
+        return Ok(());
+    }
+    let mut table = Table::new(&[
+        ("PROVIDER", Align::Right),
+        ("NAME", Align::Left),
+        ("NODES", Align::Right),
+        ("GPUS", Align::Right),
+        ("LINKED", Align::Left),
+    ]);
+    for provider in &list.providers {
+        table.row(vec![
+            provider.provider_id.to_string(),
+            provider.name.clone(),
+            provider.nodes.to_string(),
+            provider.gpus.to_string(),
+            utc(provider.linked_at_us),
+        ]);
+    }
+    table.print();
+    println!("your jobs go to these nodes first, at no market price; the market takes what does not fit");
+    Ok(())
 }
 
 fn balance(client: &Client) -> anyhow::Result<()> {

@@ -383,6 +383,7 @@ mod tests {
             explanation: None,
             progress: None,
             exit_code: None,
+            capacity: None,
         };
         let states = [(
             &ended,

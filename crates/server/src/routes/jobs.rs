@@ -54,6 +54,7 @@ async fn full_job_view(state: &AppState, job: &JobRecord) -> ApiResult<JobView> 
         }
     }
     let mut view = job_view(job, &leases, cost, escrow);
+    view.capacity = capacity(state, job, &view.spec, &leases).await?;
     for output in state.store.job_outputs(job.id).await? {
         if let Some(lease) = view.leases.iter_mut().find(|lease| lease.id == output.lease_id) {
             lease.output = Some(api::OutputView {
@@ -85,6 +86,43 @@ async fn full_job_view(state: &AppState, job: &JobRecord) -> ApiResult<JobView> 
         });
     }
     Ok(view)
+}
+
+/// Where a job was placed last: inside a booking, on its tenant's own nodes, or on the market.
+async fn capacity(
+    state: &AppState,
+    job: &JobRecord,
+    request: &JobRequest,
+    leases: &[store::LeaseRecord],
+) -> ApiResult<Option<String>> {
+    let Some(last) = leases.iter().max_by_key(|lease| lease.id) else {
+        return Ok(None);
+    };
+    if request.reservation.is_some() {
+        return Ok(Some("reservation".into()));
+    }
+    let own: Vec<i64> = state
+        .store
+        .own_provider_links()
+        .await?
+        .into_iter()
+        .filter(|(tenant, _, _)| *tenant == job.tenant_id)
+        .map(|(_, provider, _)| provider)
+        .collect();
+    let provider = state
+        .store
+        .node(last.lease.node_id)
+        .await?
+        .map(|node| node.node.provider_id);
+    let own_node = provider.is_some_and(|provider| own.contains(&provider));
+    Ok(Some(
+        if own_node && last.lease.price_micros == 0 {
+            "own"
+        } else {
+            "market"
+        }
+        .into(),
+    ))
 }
 
 pub async fn submit_job(

@@ -40,7 +40,8 @@ pub(crate) use offers::search_offers;
 pub(crate) use outputs::{job_output, lease_output};
 pub(crate) use records::{attest, report_usage};
 pub(crate) use reservations::{
-    cancel_reservation, create_reservation, list_reservations, node_calendar, show_reservation,
+    cancel_reservation, create_reservation, link_own_provider, list_own_providers, list_reservations, node_calendar,
+    show_reservation, unlink_own_provider,
 };
 pub(crate) use services::{
     create_service_key, delete_service, deploy_service, list_services, revoke_service_key, scale_service, service_logs,

@@ -1,7 +1,11 @@
-//! Booking capacity ahead (`crate::reservations`): a tenant's reservations, and the windows
-//! booked on a provider's node.
+//! Capacity set aside: a tenant's bookings ahead (`crate::reservations`) and the windows booked
+//! on a provider's node; and the provider accounts a tenant links as its own (hybrid: its jobs
+//! go to their nodes first, at no market price).
 
-use api::{CalendarView, ReservationList, ReservationRequest, ReservationView};
+use api::{
+    CalendarView, OwnProviderList, OwnProviderRequest, OwnProviderView, ReservationList, ReservationRequest,
+    ReservationView,
+};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -77,4 +81,71 @@ pub async fn node_calendar(
         .map(|(record, node)| reservations::calendar_entry(record, node))
         .collect();
     Ok(Json(CalendarView { node_id: id, entries }))
+}
+
+/// A tenant's own provider accounts (hybrid), as it sees them.
+async fn own_providers(state: &AppState, tenant: i64) -> ApiResult<OwnProviderList> {
+    let mut providers = Vec::new();
+    for (owner, provider, linked_at) in state.store.own_provider_links().await? {
+        if owner != tenant {
+            continue;
+        }
+        let name = state
+            .store
+            .account(provider)
+            .await?
+            .map(|account| account.name)
+            .unwrap_or_default();
+        let nodes = state.store.nodes_of_provider(provider).await?;
+        providers.push(OwnProviderView {
+            provider_id: provider,
+            name,
+            linked_at_us: linked_at,
+            nodes: nodes.len() as i64,
+            gpus: nodes.iter().map(|node| node.node.gpu_count).sum(),
+        });
+    }
+    Ok(OwnProviderList { providers })
+}
+
+pub async fn link_own_provider(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    JsonBody(request): JsonBody<OwnProviderRequest>,
+) -> ApiResult<(StatusCode, Json<OwnProviderList>)> {
+    require(&caller, &[Role::Tenant])?;
+    let not_a_provider = || ApiError::NotFound("provider_key: no provider account has this key".into());
+    let provider = state
+        .caller_of_key(request.provider_key.trim())
+        .await
+        .map_err(|_| not_a_provider())?;
+    if provider.role != Role::Provider {
+        return Err(not_a_provider());
+    }
+    state
+        .store
+        .link_own_provider(caller.account_id, provider.account_id, state.now_us())
+        .await?;
+    state.wake.notify_one();
+    Ok((
+        StatusCode::CREATED,
+        Json(own_providers(&state, caller.account_id).await?),
+    ))
+}
+
+pub async fn list_own_providers(State(state): AppStateRef, Auth(caller): Auth) -> ApiResult<Json<OwnProviderList>> {
+    require(&caller, &[Role::Tenant])?;
+    Ok(Json(own_providers(&state, caller.account_id).await?))
+}
+
+pub async fn unlink_own_provider(
+    State(state): AppStateRef,
+    Auth(caller): Auth,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<OwnProviderList>> {
+    require(&caller, &[Role::Tenant])?;
+    if !state.store.unlink_own_provider(caller.account_id, id).await? {
+        return Err(ApiError::NotFound(format!("provider {id} is not linked as yours")));
+    }
+    Ok(Json(own_providers(&state, caller.account_id).await?))
 }
