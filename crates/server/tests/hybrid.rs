@@ -1,7 +1,8 @@
 //! Hybrid, on both backends: a tenant links a provider account of its own organisation (its key
 //! proves it); its jobs go to that account's nodes first, at no market price and with nothing
 //! held, whatever their asks; what does not fit there goes to the market under the job's cap;
-//! the own nodes still sell their idle time to others; `job show` says which happened.
+//! the own nodes still sell their idle time to others; `job show` says which happened; a team
+//! with no credit runs on its own nodes all the same.
 
 mod common;
 
@@ -32,6 +33,7 @@ async fn own_nodes_first_at_no_price_then_the_market_and_the_own_nodes_sell_thei
             let farm = h.node(&market, "farm-node", |_| {}).await;
             lab.heartbeat().await;
             farm.heartbeat().await;
+            h.wait_online(&[&lab, &farm]).await;
             let tenant = h.tenant("lab").await;
             let other = h.tenant("someone-else").await;
             h.credit(&tenant, "1000").await;
@@ -120,6 +122,25 @@ async fn own_nodes_first_at_no_price_then_the_market_and_the_own_nodes_sell_thei
             )
             .await
             .refused(404, "unlinked twice");
+
+            // A team with no credit at all runs on its own nodes: nothing to pay.
+            let unfunded = h.tenant("lab-unfunded").await;
+            h.post(&unfunded.key, "/v1/jobs", eight_h100("refused", "5"))
+                .await
+                .refused(402, "no credit and no nodes of its own");
+            h.post(&unfunded.key, "/v1/own-providers", json!({"provider_key": own.key}))
+                .await
+                .expect(201, "it links the lab's provider account");
+            h.post(&other.key, &format!("/v1/jobs/{}/cancel", theirs["id"]), json!({}))
+                .await
+                .expect(200, "the other tenant's job cancelled");
+            leader.pass(h, "freeing the own node again").await;
+            let free = h.submit(&unfunded, eight_h100("free", "5")).await;
+            leader.pass(h, "placing the unfunded team's job").await;
+            let free_view = show(&unfunded.key, &free).await;
+            assert_eq!(free_view["state"], "running", "{free_view}");
+            assert_eq!(free_view["leases"][0]["node_id"], lab.node_id, "{free_view}");
+            assert_eq!(free_view["capacity"], "own", "{free_view}");
         },
     )
     .await;

@@ -59,6 +59,7 @@ async fn a_booking_holds_the_cheapest_gpus_at_a_price_fixed_ahead_and_pays_their
             .await;
         cheap.heartbeat().await;
         dear.heartbeat().await;
+        h.wait_online(&[&cheap, &dear]).await;
         let tenant = h.tenant("booker").await;
         // Enough for the booking and for the holds of two jobs of three days.
         h.credit(&tenant, "10000").await;
@@ -202,6 +203,7 @@ async fn a_node_lost_before_the_start_is_replaced_and_refunded_when_nothing_can_
                 .await;
             first.heartbeat().await;
             second.heartbeat().await;
+            h.wait_online(&[&first, &second]).await;
             let tenant = h.tenant("lost-booker").await;
             h.credit(&tenant, "1000").await;
             let mut leader = h.lead().await;
@@ -280,6 +282,7 @@ async fn a_late_cancellation_forfeits_half_to_the_providers_and_bad_bookings_say
         let provider = h.provider("cancel-provider").await;
         let node = h.node(&provider, "cancel-node", |_| {}).await;
         node.heartbeat().await;
+        h.wait_online(&[&node]).await;
         let tenant = h.tenant("canceller").await;
         h.credit(&tenant, "100").await;
         let mut leader = h.lead().await;

@@ -136,7 +136,15 @@ pub async fn submit_job(
         inside_reservation(&state, &caller, id, &request).await?;
     } else if !state.recently_funded(caller.account_id) {
         let available = money::balance(&state.store, Account::TenantAvailable(caller.account_id)).await?;
-        if available.0 <= 0 {
+        // A tenant with nodes of its own runs there at no price, credit or not.
+        let owns_nodes = available.0 <= 0
+            && state
+                .store
+                .own_provider_links()
+                .await?
+                .iter()
+                .any(|(tenant, _, _)| *tenant == caller.account_id);
+        if available.0 <= 0 && !owns_nodes {
             return Err(ApiError::PaymentRequired(
                 "your balance is $0: ask an admin to credit your account before submitting jobs".into(),
             ));

@@ -344,6 +344,19 @@ impl Harness {
         (lock, server::reconcile::lead(state).await.expect("takes the lead"))
     }
 
+    /// Waits until the store has each agent's node on line (heartbeats are written behind the
+    /// answer): a view built after this sees them all.
+    pub async fn wait_online(&self, agents: &[&Agent]) {
+        for agent in agents {
+            let path = format!("/v1/nodes/{}", agent.node_id);
+            self.wait_for("a node on line", async || {
+                let node = self.get(&self.admin, &path).await.expect(200, "the node");
+                (node["online"] == true).then_some(())
+            })
+            .await;
+        }
+    }
+
     /// Takes the lead (as `take_lead`) for a test that runs the passes itself with `Leader::pass`.
     pub async fn lead(&self) -> Leader {
         let (lock, cursor) = self.take_lead().await;
