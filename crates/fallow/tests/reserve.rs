@@ -18,6 +18,36 @@ fn a_tenant_books_ahead_and_the_provider_sees_the_booked_window() {
         std::fs::read_to_string(started.scratch.path.join("data").join("provider.key")).expect("provider.key");
     let provider_key = provider_key.trim();
     let from = now_rfc3339(86_400 + 600);
+    // The market sees the dev node once the coordinator's view has it: a quote says when.
+    let start = std::time::Instant::now();
+    loop {
+        let quote = json(
+            fallow(
+                &url,
+                key,
+                &[
+                    "job",
+                    "quote",
+                    "--gpus",
+                    "2",
+                    "--tier",
+                    "gold",
+                    "--max-price",
+                    "5",
+                    "--json",
+                ],
+            ),
+            "job quote",
+        );
+        if quote["nodes_feasible"].as_i64().unwrap_or(0) >= 1 {
+            break;
+        }
+        assert!(
+            start.elapsed() < common::dev::WITHIN,
+            "the dev node never fits: {quote}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     let before = json(fallow(&url, key, &["tenant", "balance", "--json"]), "balance");
 
     let booked = json(
