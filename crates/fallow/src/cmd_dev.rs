@@ -73,7 +73,7 @@ async fn serve(args: &DevArgs, base: &str) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
     let admin_key = read_key(&args.data_dir.join(server::ADMIN_KEY_FILE))
         .context("the admin key the coordinator wrote (delete the data directory to start afresh)")?;
-    demo_account(&http, base, &admin_key, &args.data_dir, "tenant").await?;
+    let tenant = demo_account(&http, base, &admin_key, &args.data_dir, "tenant").await?;
     let provider = demo_account(&http, base, &admin_key, &args.data_dir, "provider").await?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let agent = if args.no_agent {
@@ -95,6 +95,9 @@ async fn serve(args: &DevArgs, base: &str) -> anyhow::Result<()> {
     eprintln!("fallow dev: coordinator on {base} (SQLite in {data_dir}/fallow.db)");
     if let Some(agent) = &agent {
         eprintln!("fallow dev: {}", agent.summary);
+        if !market_sees_a_node(&http, base, &tenant).await {
+            eprintln!("fallow dev: the market does not list the local node yet (`fallow offers` shows when it does)");
+        }
     }
     eprintln!("fallow dev: dashboard at {base}/dashboard (sign in with a key below)");
     eprintln!(
@@ -111,6 +114,33 @@ async fn serve(args: &DevArgs, base: &str) -> anyhow::Result<()> {
         agent.task.await.context("the agent's loop")??;
     }
     Ok(())
+}
+
+/// How long the ready line waits for the market to list the local node.
+const MARKET_SEES_NODE_WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Waits until the coordinator's view of the fleet lists an online node (the leader takes a
+/// node in at its next pass, a moment after the agent's first heartbeat), so that a quote or a
+/// warm-up run right after the ready line sees it. False when it did not within the limit.
+async fn market_sees_a_node(http: &reqwest::Client, base: &str, tenant_key: &str) -> bool {
+    let started = std::time::Instant::now();
+    while started.elapsed() < MARKET_SEES_NODE_WITHIN {
+        let listed = async {
+            let reply = http
+                .get(format!("{base}/v1/offers"))
+                .bearer_auth(tenant_key)
+                .send()
+                .await
+                .ok()?;
+            let offers: api::OfferList = reply.json().await.ok()?;
+            Some(offers.offers.iter().any(|offer| offer.online))
+        };
+        if listed.await == Some(true) {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    false
 }
 
 fn read_key(path: &Path) -> anyhow::Result<String> {

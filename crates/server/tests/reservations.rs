@@ -244,6 +244,15 @@ async fn a_node_lost_before_the_start_is_replaced_and_refunded_when_nothing_can_
                 .await
                 .expect(200, "the second node's calendar");
             assert_eq!(calendar["entries"][0]["reservation_id"], id, "{calendar}");
+            let calendar = h
+                .get(&provider.key, &format!("/v1/nodes/{}/calendar", first.node_id))
+                .await
+                .expect(200, "the lost node's calendar");
+            assert_eq!(
+                calendar["entries"],
+                json!([]),
+                "the lost node holds nothing: {calendar}"
+            );
 
             // Then the second falls silent too, and nothing is left to take its place: the
             // tenant gets the booking's hours back.

@@ -177,11 +177,12 @@ impl Store {
         Ok(out)
     }
 
-    /// The windows booked on a node that end after `since`, with their reservations, by start.
+    /// The windows booked on a node that end after `since` (none that a cancellation or a loss
+    /// closed before it opened), with their reservations, by start.
     pub async fn node_calendar(&self, node_id: i64, since: i64) -> Result<Vec<(ReservationRecord, ReservationNode)>> {
         let rows = sqlx::query(
             "SELECT reservation_id, node_id, gpus, price_micros, held_from, held_until, lost_at FROM reservation_nodes \
-             WHERE node_id = $1 AND held_until > $2 ORDER BY held_from, reservation_id",
+             WHERE node_id = $1 AND held_until > $2 AND held_until > held_from ORDER BY held_from, reservation_id",
         )
         .bind(node_id)
         .bind(since)
@@ -225,12 +226,16 @@ impl Store {
             return Ok(false);
         }
         if to != "active" {
-            // An ended or cancelled booking holds its nodes no longer.
-            sqlx::query("UPDATE reservation_nodes SET held_until = $1 WHERE reservation_id = $2 AND held_until > $1")
-                .bind(now)
-                .bind(id)
-                .execute(&mut *transaction)
-                .await?;
+            // An ended or cancelled booking holds its nodes no longer (one cancelled before its
+            // start held them for no time: the window closes where it would have opened).
+            sqlx::query(
+                "UPDATE reservation_nodes SET held_until = CASE WHEN held_from > $1 THEN held_from ELSE $1 END \
+                 WHERE reservation_id = $2 AND held_until > $1",
+            )
+            .bind(now)
+            .bind(id)
+            .execute(&mut *transaction)
+            .await?;
         }
         for (row, floors) in money {
             apply_ledger_in(&mut transaction, row, floors).await?;
@@ -382,6 +387,18 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    /// One tenant's links: (provider, linked at), by provider.
+    pub async fn own_providers_of(&self, tenant_id: i64) -> Result<Vec<(i64, i64)>> {
+        let rows =
+            sqlx::query("SELECT provider_id, linked_at FROM own_providers WHERE tenant_id = $1 ORDER BY provider_id")
+                .bind(tenant_id)
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get("provider_id")?, row.try_get("linked_at")?)))
+            .collect()
     }
 
     /// Every link: (tenant, provider, linked at), by tenant then provider.

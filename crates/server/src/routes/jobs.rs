@@ -103,11 +103,10 @@ async fn capacity(
     }
     let own: Vec<i64> = state
         .store
-        .own_provider_links()
+        .own_providers_of(job.tenant_id)
         .await?
         .into_iter()
-        .filter(|(tenant, _, _)| *tenant == job.tenant_id)
-        .map(|(_, provider, _)| provider)
+        .map(|(provider, _)| provider)
         .collect();
     let provider = state
         .store
@@ -137,13 +136,7 @@ pub async fn submit_job(
     } else if !state.recently_funded(caller.account_id) {
         let available = money::balance(&state.store, Account::TenantAvailable(caller.account_id)).await?;
         // A tenant with nodes of its own runs there at no price, credit or not.
-        let owns_nodes = available.0 <= 0
-            && state
-                .store
-                .own_provider_links()
-                .await?
-                .iter()
-                .any(|(tenant, _, _)| *tenant == caller.account_id);
+        let owns_nodes = available.0 <= 0 && !state.store.own_providers_of(caller.account_id).await?.is_empty();
         if available.0 <= 0 && !owns_nodes {
             return Err(ApiError::PaymentRequired(
                 "your balance is $0: ask an admin to credit your account before submitting jobs".into(),

@@ -86,10 +86,7 @@ pub async fn node_calendar(
 /// A tenant's own provider accounts (hybrid), as it sees them.
 async fn own_providers(state: &AppState, tenant: i64) -> ApiResult<OwnProviderList> {
     let mut providers = Vec::new();
-    for (owner, provider, linked_at) in state.store.own_provider_links().await? {
-        if owner != tenant {
-            continue;
-        }
+    for (provider, linked_at) in state.store.own_providers_of(tenant).await? {
         let name = state
             .store
             .account(provider)
