@@ -5,13 +5,13 @@ API's refusals as `FallowError`."""
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Dict
 
 import pytest
 
-from fallow_client import Client, FallowError, JobRequest, JobView
+from fallow_client import Client, FallowError, JobRequest, JobView, ReservationView
 
 from .conftest import Dev
 
@@ -174,6 +174,27 @@ def test_submit_a_job_file(client: Client, tmp_path: Path) -> None:
     assert client.wait(by_dict.id, timeout=WITHIN_S).state == "finished"
 
 
+def test_book_ahead_list_show_and_cancel(client: Client) -> None:
+    """Dev's two H100-SXM5 booked two days ahead: the whole price held, and all of it back on a
+    cancellation more than a day ahead; a booking the node cannot meet is refused saying why.
+    (The money's movements are the server's tests', on both backends.)"""
+    starts_at = datetime.now(timezone.utc) + timedelta(days=2)
+    with pytest.raises(FallowError) as refused:
+        client.reserve(64, "H100", starts_at, hours=8, max_price="3")
+    assert "cannot be met" in str(refused.value) and "64" in str(refused.value), str(refused.value)
+
+    booked = client.reserve(2, "H100-SXM5", starts_at, hours=8, max_price="3")
+    assert isinstance(booked, ReservationView) and booked.state == "booked", booked
+    assert booked.gpus == 2 and booked.hold_micros > 0 and booked.escrow_micros == booked.hold_micros
+    assert sum(node.gpus for node in booked.nodes) == 2 and booked.nodes[0].price_micros_per_gpu_hour <= 3_000_000
+    assert booked.ends_at_us - booked.starts_at_us == 8 * 3_600 * 1_000_000
+    assert booked.id in [item.id for item in client.reservations().reservations]
+    assert client.reservation(booked.id).refund_if_cancelled_micros == booked.hold_micros
+
+    cancelled = client.cancel_reservation(booked.id)
+    assert cancelled.state == "cancelled" and cancelled.escrow_micros == 0, cancelled
+
+
 def test_list_jobs(client: Client) -> None:
     job = client.submit(shell("true", name="listed"))
     client.wait(job.id, timeout=WITHIN_S)
@@ -238,6 +259,10 @@ def test_the_routes_and_fields_are_the_documents(client: Client) -> None:
     assert operations["quoteJob"] == ("post", "/v1/jobs/quote")
     assert operations["searchOffers"] == ("get", "/v1/offers")
     assert operations["getBalance"] == ("get", "/v1/balance")
+    assert operations["createReservation"] == ("post", "/v1/reservations")
+    assert operations["listReservations"] == ("get", "/v1/reservations")
+    assert operations["getReservation"] == ("get", "/v1/reservations/{id}")
+    assert operations["cancelReservation"] == ("post", "/v1/reservations/{id}/cancel")
     import dataclasses
 
     import fallow_client as fc
@@ -259,6 +284,10 @@ def test_the_routes_and_fields_are_the_documents(client: Client) -> None:
         ("DatasetRequest", fc.DatasetRequest),
         ("ServiceRequest", fc.ServiceRequest),
         ("ServeSpec", fc.ServeSpec),
+        ("ReservationRequest", fc.ReservationRequest),
+        ("ReservationView", fc.ReservationView),
+        ("ReservationNodeView", fc.ReservationNodeView),
+        ("ReservationList", fc.ReservationList),
     ]:
         fields = {item.metadata.get("wire", item.name) for item in dataclasses.fields(cls)}
         assert fields == set(schemas[name]["properties"]), name

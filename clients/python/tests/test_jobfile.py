@@ -92,6 +92,7 @@ def test_every_key_of_the_job_form() -> None:
         "network": "bridge",
         "client_token": "sweep-2026-12-07",
         "output_url": "https://bucket.example/sweep/out-{replica}.tar?X-Sig=abc",
+        "reservation": 12,
     }
     assert job.class_ == "eval"
 
@@ -146,6 +147,14 @@ def test_a_service_file_is_refused_as_a_job_with_the_service_form_named() -> Non
         load_job_file(JOBFILES / "service.yaml")
     assert (caught.value.line, caught.value.column) == (9, 1)
     assert "load_service_file" in caught.value.message
+
+
+def test_a_service_may_not_run_inside_a_booking(tmp_path: Path) -> None:
+    path = tmp_path / "service.yaml"
+    path.write_text((JOBFILES / "service.yaml").read_text() + "reservation: 3\n")
+    with pytest.raises(JobFileError) as caught:
+        load_service_file(path)
+    assert "not inside a booking" in caught.value.message, str(caught.value)
 
 
 def test_the_apis_json_is_read_as_it_is() -> None:
@@ -447,6 +456,7 @@ def test_top_level_keys() -> None:
         class: training
         network: none
         client_token: "12345"
+        reservation: 7
         checkpoint:
           dir: /data/ckpt
         gang:
@@ -457,6 +467,7 @@ def test_top_level_keys() -> None:
     )
     assert body["replicas"] == 3 and body["preemptible"] is False and body["class"] == "training"
     assert body["network"] == "none" and body["client_token"] == "12345"
+    assert body["reservation"] == 7
     assert body["checkpoint_dir"] == "/data/ckpt" and "checkpoint_interval_s" not in body
     assert body["max_restarts"] == 100 and "gang_repair" not in body
 
@@ -468,6 +479,8 @@ def test_top_level_keys() -> None:
         ("num_nodes: 4097", "is not in 1–4096"),
         ("num_nodes: '2'", "is a whole number"),
         ("num_nodes: 2.0", "is a whole number"),
+        ("reservation: 0", "is not in 1–"),
+        ("reservation: next-tuesday", "is a whole number"),
         ("preemptible: yes", "is true or false, not `yes`"),
         ("preemptible: 1", "is true or false"),
         ("class: research", "is not one of training, inference, batch, eval"),

@@ -10,14 +10,27 @@ import random
 import time
 from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
-from typing import Any, Dict, Iterator, Mapping, Optional, Union
+from decimal import Decimal
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 import httpx
 
 from .errors import FallowError
 from .jobfile import load_job_file
-from .types import BalanceView, JobList, JobLogs, JobRequest, JobView, LogChunk, OfferList, QuoteView
+from .types import (
+    BalanceView,
+    JobList,
+    JobLogs,
+    JobRequest,
+    JobView,
+    LogChunk,
+    OfferList,
+    QuoteView,
+    ReservationList,
+    ReservationRequest,
+    ReservationView,
+)
 
 #: The coordinator a client talks to when nothing else says (as the CLI).
 DEFAULT_URL = "http://127.0.0.1:7070"
@@ -181,6 +194,45 @@ class Client:
         another account's)."""
         query = {} if account_id is None else {"account_id": account_id}
         return BalanceView.from_dict(self._request("GET", "/v1/balance", query=query))
+
+    # ---- booking ahead (docs/reservations.md)
+
+    def reserve(
+        self,
+        gpus: int,
+        gpu_model: str,
+        starts_at: Union[datetime, int],
+        hours: int,
+        max_price: Union[str, int, float, Decimal],
+        regions: Optional[Sequence[str]] = None,
+        topology: Optional[str] = None,
+    ) -> ReservationView:
+        """Books `gpus` whole GPUs of `gpu_model` from `starts_at` (a datetime, naive read as
+        UTC, or µs since the epoch) for `hours`, at most `max_price` dollars per GPU-hour: the
+        price is fixed now and the whole of it held. A booking the fleet cannot meet raises
+        `FallowError` saying why. Jobs run inside it with `JobRequest(reservation=ID)`."""
+        request = ReservationRequest(
+            gpus=gpus,
+            gpu_model=gpu_model,
+            starts_at_us=_since_us(starts_at),
+            hours=hours,
+            max_price_per_gpu_hour=max_price,
+            regions=list(regions) if regions is not None else None,
+            topology=topology,
+        )
+        return ReservationView.from_dict(self._request("POST", "/v1/reservations", body=request.to_dict()))
+
+    def reservations(self) -> ReservationList:
+        """Your bookings, newest first."""
+        return ReservationList.from_dict(self._request("GET", "/v1/reservations"))
+
+    def reservation(self, reservation_id: int) -> ReservationView:
+        """One booking: its nodes, prices, what is held and what a cancellation gives back."""
+        return ReservationView.from_dict(self._request("GET", f"/v1/reservations/{int(reservation_id)}"))
+
+    def cancel_reservation(self, reservation_id: int) -> ReservationView:
+        """Cancels a booking: all back a day or more ahead, later half of what is undelivered."""
+        return ReservationView.from_dict(self._request("POST", f"/v1/reservations/{int(reservation_id)}/cancel"))
 
     def health(self) -> Dict[str, Any]:
         """The coordinator's liveness answer."""

@@ -38,6 +38,8 @@ COMPUTE_UNITS_MICROS_MAX = 64 * 1_000_000
 MEMORY_MIB_MAX = 1 << 40
 U32_MAX = 2**32 - 1
 SERVICE_REPLICAS_MAX = 64
+#: The largest id the server keeps (a signed 64-bit integer).
+ID_MAX = 2**63 - 1
 SERVICE_SECONDS_MAX = 86_400
 
 TIERS = ("gold", "silver", "bronze")
@@ -50,7 +52,8 @@ REPAIR_BILLINGS = ("bill", "pause")
 
 TOP_KEYS = (
     "name", "resources", "num_nodes", "tier", "max_price", "preemptible", "class", "max_runtime", "envs",
-    "setup", "run", "command", "runtime", "datasets", "checkpoint", "gang", "network", "client_token", "output_url", "service",
+    "setup", "run", "command", "runtime", "datasets", "checkpoint", "gang", "network", "client_token", "output_url",
+    "reservation", "service",
 )  # fmt: skip
 RESOURCE_KEYS = (
     "accelerators", "compute_units", "cpus", "memory", "gpu_memory", "image_id", "ports", "regions", "topology",
@@ -480,6 +483,8 @@ class _Reader:
                 if not url.startswith(("http://", "https://")):
                     raise self.fail(value, f"`{url}` is not an http(s):// URL (the agent PUTs the output archive to it)")
                 given[key] = url
+            elif key == "reservation":
+                given[key] = self.whole(value, "`reservation`", 1, ID_MAX)
             elif key == "service":
                 given[key] = self.service(value)
                 service_node = value
@@ -536,6 +541,13 @@ class _Reader:
         for key in ("network", "client_token", "output_url"):
             if key in given:
                 job[key] = given[key]
+        if "reservation" in given:
+            if service_form:
+                raise self.fail(
+                    self.keys[("reservation",)],
+                    "a service's replicas run on the market, not inside a booking: `reservation` is for jobs",
+                )
+            job["reservation"] = given["reservation"]
         self.program(job, given, resources)
 
         if not service_form:

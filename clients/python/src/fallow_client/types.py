@@ -238,6 +238,24 @@ class ServiceRequest(Wire):
     wake_timeout_s: Optional[int] = None
 
 
+@dataclass
+class ReservationRequest(Wire):
+    """A booking ahead (`POST /v1/reservations`): whole GPUs of one model from a start for whole
+    hours, at most `max_price_per_gpu_hour`; the whole price is held at booking
+    (docs/reservations.md). `None`: not given (the coordinator's default)."""
+
+    gpus: int
+    #: A catalog name or alias, e.g. "H100".
+    gpu_model: str
+    #: µs since the Unix epoch; in the future, within a year.
+    starts_at_us: int
+    hours: int
+    max_price_per_gpu_hour: Union[str, int, float, Decimal] = field(metadata={"decimal": True})
+    regions: Optional[List[str]] = None
+    #: node, nvlink, fabric, site, region or any (the default).
+    topology: Optional[str] = None
+
+
 # --------------------------------------------------------------------------------------------
 # Answers
 
@@ -437,3 +455,46 @@ class BalanceView(Wire):
     escrow_micros: int = 0
     earnings_micros: int = 0
     bond_micros: int = 0
+
+
+@dataclass
+class ReservationNodeView(Wire):
+    """A node's part of a booking, at the price fixed at booking."""
+
+    node_id: int = 0
+    gpus: int = 0
+    price_micros_per_gpu_hour: int = 0
+    held_from_us: int = 0
+    held_until_us: int = 0
+    #: When the node was lost to the booking (replaced, or its hours refunded).
+    lost_at_us: Optional[int] = None
+
+
+@dataclass
+class ReservationView(Wire):
+    """A booking as its tenant sees it (`GET /v1/reservations/{id}`), micro-dollars."""
+
+    id: int = 0
+    #: booked (before its start), active, ended or cancelled.
+    state: str = ""
+    state_reason: str = ""
+    gpus: int = 0
+    gpu_model: str = ""
+    regions: List[str] = field(default_factory=list)
+    topology: str = ""
+    starts_at_us: int = 0
+    ends_at_us: int = 0
+    cost_micros: int = 0
+    hold_micros: int = 0
+    escrow_micros: int = 0
+    #: What a cancellation now gives back.
+    refund_if_cancelled_micros: int = 0
+    nodes: List[ReservationNodeView] = field(default_factory=list)
+    created_at_us: int = 0
+
+
+@dataclass
+class ReservationList(Wire):
+    """A tenant's bookings (`GET /v1/reservations`), newest first."""
+
+    reservations: List[ReservationView] = field(default_factory=list)

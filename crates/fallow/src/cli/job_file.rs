@@ -203,6 +203,7 @@ struct Doc {
     network: Option<Choice<Networks>>,
     client_token: Option<String>,
     output_url: Option<OutputUrl>,
+    reservation: Option<Bounded<1, { i64::MAX as u64 }>>,
     service: Option<Service>,
 }
 
@@ -402,6 +403,16 @@ impl Doc {
         }
         if let Some(url) = &self.output_url {
             set("output_url", json!(url.0));
+        }
+        if let Some(id) = &self.reservation {
+            if purpose == Purpose::Service {
+                return Err(fault(
+                    &["reservation"],
+                    "a service's replicas run on the market, not inside a booking: `reservation` is for jobs"
+                        .to_string(),
+                ));
+            }
+            set("reservation", json!(id.0));
         }
         // What runs: the image and its command, or the program.
         let script = match (&self.setup, &self.run, &self.command) {
@@ -1164,6 +1175,7 @@ gang:
   repair_billing: pause
 network: bridge
 client_token: run-7
+reservation: 4
 setup: |
   pip install -r requirements.txt
 run: |
@@ -1199,6 +1211,7 @@ run: |
             "repair_billing": "pause",
             "network": "bridge",
             "client_token": "run-7",
+            "reservation": 4,
             "command": ["sh", "-c", "set -e\npip install -r requirements.txt\nset +e\ntorchrun train.py\n"],
         });
         assert_eq!(Value::Object(job(text)), expected);
@@ -1273,6 +1286,8 @@ run: |
             "resources: {min_reliability: 1.5}",
             "num_nodes: 0",
             "num_nodes: 5000",
+            "reservation: 0",
+            "reservation: next-tuesday",
             "tier: platinum",
             "resources: {topology: rack}",
             "preemptible: yes",
@@ -1342,6 +1357,12 @@ run: |
                 "service deploy",
             ),
             ("name: x\nnum_nodes: 2\n", Purpose::Service, (2, 1), "service.replicas"),
+            (
+                "name: x\nreservation: 3\n",
+                Purpose::Service,
+                (2, 1),
+                "not inside a booking",
+            ),
             (
                 "service:\n  replicas: 2\n  replica_policy:\n    min_replicas: 1\n",
                 Purpose::Service,
