@@ -128,6 +128,42 @@ impl DatasetCache {
         digests
     }
 
+    /// Puts the cached files of `datasets` (fetched already) in `dir`, a directory of the
+    /// replica's own, by their cache names: the replica sees its job's datasets and no other
+    /// tenant's. Hard links (no copy, and a file stays whole for the replica whatever becomes of
+    /// the cache's entry); a copy where the two are on different file systems.
+    pub async fn link_into(&self, datasets: &[DatasetRequest], dir: &Path) -> Result<(), DatasetError> {
+        let _ = tokio::fs::remove_dir_all(dir).await;
+        let linked = self.link_each(datasets, dir).await;
+        if linked.is_err() {
+            let _ = tokio::fs::remove_dir_all(dir).await;
+        }
+        linked
+    }
+
+    async fn link_each(&self, datasets: &[DatasetRequest], dir: &Path) -> Result<(), DatasetError> {
+        let fail = |dataset: &DatasetRequest, message: String| DatasetError::Fetch {
+            url: dataset.url.clone(),
+            message,
+        };
+        for dataset in datasets {
+            let name = ContentDigest::parse(&dataset.digest)?.file_name();
+            let (from, to) = (self.dir.join(&name), dir.join(&name));
+            tokio::fs::create_dir_all(dir)
+                .await
+                .map_err(|error| fail(dataset, format!("{}: {error}", dir.display())))?;
+            if to.exists() {
+                continue; // named twice
+            }
+            if tokio::fs::hard_link(&from, &to).await.is_err() {
+                tokio::fs::copy(&from, &to)
+                    .await
+                    .map_err(|error| fail(dataset, format!("{} to {}: {error}", from.display(), to.display())))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The dataset's file in the cache, fetched and verified first if it is not there yet.
     pub async fn fetch(&self, http: &reqwest::Client, dataset: &DatasetRequest) -> Result<PathBuf, DatasetError> {
         use tokio::io::AsyncWriteExt;
@@ -270,6 +306,45 @@ mod tests {
         for bad in ["blake3:xyz", "md5:00", &format!("BLAKE3:{}", "a".repeat(64))] {
             assert!(ContentDigest::parse(bad).is_err(), "{bad}");
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_replica_sees_its_jobs_datasets_and_no_others() {
+        let dir = std::env::temp_dir().join(format!("fallow-datasets-linked-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let http = reqwest::Client::new();
+        let cache = DatasetCache::new(dir.join("cache"), true);
+        let mut staged = Vec::new();
+        for text in ["one tenant's corpus\n", "another tenant's weights\n"] {
+            let source = dir.join(format!("{}.txt", staged.len()));
+            std::fs::write(&source, text).unwrap();
+            let digest = format!("blake3:{}", blake3::hash(text.as_bytes()).to_hex());
+            let wanted = dataset(format!("file://{}", source.display()), digest, text.len() as u64);
+            cache.fetch(&http, &wanted).await.unwrap();
+            staged.push(wanted);
+        }
+        assert_eq!(cache.digests().len(), 2);
+
+        let own = dir.join("lease-7").join("datasets");
+        let mine = [staged[0].clone(), staged[0].clone()];
+        cache.link_into(&mine, &own).await.unwrap();
+        let name = ContentDigest::parse(&staged[0].digest).unwrap().file_name();
+        let listed: Vec<String> = std::fs::read_dir(&own)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(listed, vec![name.clone()], "only the job's own dataset");
+        // The replica's file stays whole whatever becomes of the cache's entry.
+        std::fs::remove_file(cache.dir().join(&name)).unwrap();
+        assert_eq!(std::fs::read(own.join(&name)).unwrap(), b"one tenant's corpus\n");
+        // A dataset not in the cache cannot be linked: the error names it, and nothing is left.
+        assert!(matches!(
+            cache.link_into(&staged[..1], &own).await,
+            Err(DatasetError::Fetch { .. })
+        ));
+        assert!(!own.exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1146,8 +1146,20 @@ async fn e2e_datasets_are_verified_before_the_job_starts() {
     std::fs::write(&source, "the quick brown fox\n").unwrap();
     let digest = format!("blake3:{}", blake3::hash(b"the quick brown fox\n").to_hex());
     let file = digest.replace(':', "-");
+    // Another job's dataset, in the node's cache first: the next job must not see it.
+    let other_source = world.dir.join("other.txt");
+    std::fs::write(&other_source, "someone else's data\n").unwrap();
+    let other_digest = format!("blake3:{}", blake3::hash(b"someone else's data\n").to_hex());
+    let mut other = job("other-data", "true");
+    other["datasets"] =
+        json!([{"url": format!("file://{}", other_source.display()), "digest": other_digest, "size_bytes": 20}]);
+    let other = submit(&world, other).await;
+    wait_for_job(&world, other, "finished").await;
     let with_dataset = |digest: &str| {
-        let mut request = job("reads-data", &format!("cat \"$FALLOW_DATASETS_DIR/{file}\""));
+        let mut request = job(
+            "reads-data",
+            &format!("ls \"$FALLOW_DATASETS_DIR\"; cat \"$FALLOW_DATASETS_DIR/{file}\""),
+        );
         request["datasets"] =
             json!([{"url": format!("file://{}", source.display()), "digest": digest, "size_bytes": 20}]);
         request
@@ -1155,16 +1167,23 @@ async fn e2e_datasets_are_verified_before_the_job_starts() {
     let good = submit(&world, with_dataset(&digest)).await;
     wait_for_job(&world, good, "finished").await;
     let (_, logs) = tenant_get(&world, &format!("/v1/jobs/{good}/logs")).await;
+    let text: String = logs["chunks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|chunk| chunk["text"].as_str())
+        .collect();
     assert_eq!(
-        logs["chunks"][0]["text"], "the quick brown fox\n",
-        "the job read its dataset: {logs}"
+        text,
+        format!("{file}\nthe quick brown fox\n"),
+        "the job read its dataset and saw no other: {logs}"
     );
     let wrong = format!("blake3:{}", "0".repeat(64));
     let bad = submit(&world, with_dataset(&wrong)).await;
     let failed = wait_for_job(&world, bad, "failed").await;
     let reason = failed["leases"][0]["end_reason"].as_str().unwrap_or("");
     assert!(reason.contains("does not match"), "the reason says why: {failed}");
-    let read = check_bill(&world, good).await;
+    let read = check_bill(&world, good).await + check_bill(&world, other).await;
     assert_eq!(
         check_bill(&world, bad).await,
         Bill::default(),
@@ -1172,6 +1191,13 @@ async fn e2e_datasets_are_verified_before_the_job_starts() {
     );
     check_balances(&world, read).await;
     stop_agent(stop, task).await;
+    // A replica's view of its datasets went with it (once attested); the cache keeps them.
+    let leases = world.dir.join("library").join("leases");
+    for entry in std::fs::read_dir(&leases).unwrap() {
+        let datasets = entry.unwrap().path().join("datasets");
+        assert!(!datasets.exists(), "{} is left", datasets.display());
+    }
+    assert!(world.dir.join("library").join("datasets").join(&file).is_file());
     world.end().await;
 }
 

@@ -21,6 +21,10 @@ use crate::scratch::Scratch;
 /// How long a lease long-poll waits for a change.
 pub const LEASE_POLL_WAIT_MS: u64 = 25_000;
 
+/// The directory, in a lease's, holding the job's datasets for its replica (links into the
+/// cache): `FALLOW_DATASETS_DIR` there, `/datasets` in a container.
+const DATASETS_DIR: &str = "datasets";
+
 impl<E: Executor> Agent<E> {
     /// The leases a heartbeat says this node holds: those it runs or is about to run (every
     /// lease of the coordinator's set it follows), stops, or has not yet seen the end of taken.
@@ -190,7 +194,7 @@ impl<E: Executor> Agent<E> {
                     .join(lease.lease.job_id.to_string())
             }),
             log_path: lease_dir.join("output.log"),
-            datasets_dir: (!job.datasets.is_empty()).then(|| self.datasets.dir().to_path_buf()),
+            datasets_dir: (!job.datasets.is_empty()).then(|| lease_dir.join(DATASETS_DIR)),
             runtime: job.runtime.clone(),
         };
         if let Err(error) = self.report(lease, "staging", None, "").await {
@@ -201,15 +205,13 @@ impl<E: Executor> Agent<E> {
             }
             return;
         }
-        for dataset in &job.datasets {
-            if let Err(error) = self.datasets.fetch(&self.http, dataset).await {
-                tracing::warn!(lease = id, %error, "a dataset could not be staged");
-                self.ended.insert((id, lease.lease.epoch));
-                if let Err(report) = self.report(lease, "failed", None, &error.to_string()).await {
-                    tracing::warn!(lease = id, error = %report, "could not report the failure");
-                }
-                return;
+        if let Err(error) = self.stage_datasets(&job.datasets, spec.datasets_dir.as_deref()).await {
+            tracing::warn!(lease = id, %error, "a dataset could not be staged");
+            self.ended.insert((id, lease.lease.epoch));
+            if let Err(report) = self.report(lease, "failed", None, &error.to_string()).await {
+                tracing::warn!(lease = id, error = %report, "could not report the failure");
             }
+            return;
         }
         if super::gang::is_gang(lease) {
             self.stage_gang_replica(lease, spec).await;
@@ -358,6 +360,22 @@ impl<E: Executor> Agent<E> {
             )
             .collect();
         crate::gpu_clear::plan(self.inventory.simulated, gpus, &held)
+    }
+
+    /// Fetches a job's datasets into the cache (each verified) and puts them in the replica's
+    /// own directory, where it sees those and no others.
+    async fn stage_datasets(
+        &self,
+        datasets: &[api::DatasetRequest],
+        dir: Option<&std::path::Path>,
+    ) -> Result<(), crate::datasets::DatasetError> {
+        for dataset in datasets {
+            self.datasets.fetch(&self.http, dataset).await?;
+        }
+        match dir {
+            Some(dir) => self.datasets.link_into(datasets, dir).await,
+            None => Ok(()),
+        }
     }
 
     /// Removes what an ended replica of lease `id` left: its container or files and its scratch
@@ -579,10 +597,13 @@ async fn attest(client: &crate::client::Client, key: &trust::NodeKey, node_id: i
 
 /// Removes what a replica left once it is gone: the executor's leftovers (its container, its
 /// files), then its scratch volume (unmounted and its cipher files removed; its key is long
-/// gone).
+/// gone), then its view of its datasets (links: the cache keeps them).
 async fn clean_up_replica<E: Executor>(executor: &E, scratch: &Scratch, spec: &RunSpec) {
     executor.clean_up(spec).await;
     scratch.close(&spec.scratch_dir).await;
+    if let Some(dir) = &spec.datasets_dir {
+        let _ = tokio::fs::remove_dir_all(dir).await;
+    }
 }
 
 fn digest_of_file(path: &std::path::Path) -> String {
