@@ -195,6 +195,28 @@ def test_book_ahead_list_show_and_cancel(client: Client) -> None:
     assert cancelled.state == "cancelled" and cancelled.escrow_micros == 0, cancelled
 
 
+def test_a_linked_own_provider_runs_the_job_unpriced(client: Client, dev: Dev) -> None:
+    """Dev's demo provider linked as the tenant's own: its node runs the tenant's job at no
+    price (`capacity` "own"); unlinked, the next job buys it on the market."""
+    with pytest.raises(FallowError):
+        client.link_own_provider("not-a-key")
+    provider_key = (dev.data_dir / "provider.key").read_text()
+    linked = client.link_own_provider(provider_key)
+    try:
+        assert len(linked.providers) == 1, linked
+        own = linked.providers[0]
+        assert own.nodes == 1 and own.gpus == 2, own
+        assert client.own_providers() == linked
+        job = client.wait(client.submit(shell("echo own")).id, timeout=WITHIN_S)
+        assert job.state == "finished" and job.capacity == "own", job
+        assert job.leases[-1].price_micros_per_gpu_hour == 0, job
+    finally:
+        after = client.unlink_own_provider(linked.providers[0].provider_id if linked.providers else 0)
+    assert after.providers == [], after
+    job = client.wait(client.submit(shell("echo market")).id, timeout=WITHIN_S)
+    assert job.capacity == "market", job
+
+
 def test_list_jobs(client: Client) -> None:
     job = client.submit(shell("true", name="listed"))
     client.wait(job.id, timeout=WITHIN_S)
@@ -263,6 +285,9 @@ def test_the_routes_and_fields_are_the_documents(client: Client) -> None:
     assert operations["listReservations"] == ("get", "/v1/reservations")
     assert operations["getReservation"] == ("get", "/v1/reservations/{id}")
     assert operations["cancelReservation"] == ("post", "/v1/reservations/{id}/cancel")
+    assert operations["linkOwnProvider"] == ("post", "/v1/own-providers")
+    assert operations["listOwnProviders"] == ("get", "/v1/own-providers")
+    assert operations["unlinkOwnProvider"] == ("delete", "/v1/own-providers/{id}")
     import dataclasses
 
     import fallow_client as fc
@@ -288,6 +313,8 @@ def test_the_routes_and_fields_are_the_documents(client: Client) -> None:
         ("ReservationView", fc.ReservationView),
         ("ReservationNodeView", fc.ReservationNodeView),
         ("ReservationList", fc.ReservationList),
+        ("OwnProviderView", fc.OwnProviderView),
+        ("OwnProviderList", fc.OwnProviderList),
     ]:
         fields = {item.metadata.get("wire", item.name) for item in dataclasses.fields(cls)}
         assert fields == set(schemas[name]["properties"]), name

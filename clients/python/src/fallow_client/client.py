@@ -26,6 +26,7 @@ from .types import (
     JobView,
     LogChunk,
     OfferList,
+    OwnProviderList,
     QuoteView,
     ReservationList,
     ReservationRequest,
@@ -233,6 +234,24 @@ class Client:
     def cancel_reservation(self, reservation_id: int) -> ReservationView:
         """Cancels a booking: all back a day or more ahead, later half of what is undelivered."""
         return ReservationView.from_dict(self._request("POST", f"/v1/reservations/{int(reservation_id)}/cancel"))
+
+    # ---- hybrid: nodes of your own organisation first
+
+    def link_own_provider(self, provider_key: str) -> OwnProviderList:
+        """Links a provider account of your own organisation, proven by one of its API keys
+        (checked, not kept): your jobs then run on its nodes first, at no market price, and go
+        to the market only when they do not fit there. `JobView.capacity` says which."""
+        return OwnProviderList.from_dict(
+            self._request("POST", "/v1/own-providers", body={"provider_key": provider_key.strip()})
+        )
+
+    def own_providers(self) -> OwnProviderList:
+        """The provider accounts you linked, with their nodes and GPUs now."""
+        return OwnProviderList.from_dict(self._request("GET", "/v1/own-providers"))
+
+    def unlink_own_provider(self, provider_id: int) -> OwnProviderList:
+        """Unlinks one: your jobs buy its nodes' time on the market again."""
+        return OwnProviderList.from_dict(self._request("DELETE", f"/v1/own-providers/{int(provider_id)}"))
 
     def health(self) -> Dict[str, Any]:
         """The coordinator's liveness answer."""

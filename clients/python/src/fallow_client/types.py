@@ -498,3 +498,23 @@ class ReservationList(Wire):
     """A tenant's bookings (`GET /v1/reservations`), newest first."""
 
     reservations: List[ReservationView] = field(default_factory=list)
+
+
+@dataclass
+class OwnProviderView(Wire):
+    """A provider account the tenant linked as its own (hybrid: its nodes run the tenant's jobs
+    first, at no market price)."""
+
+    provider_id: int = 0
+    name: str = ""
+    linked_at_us: int = 0
+    #: Its nodes now, and their GPUs.
+    nodes: int = 0
+    gpus: int = 0
+
+
+@dataclass
+class OwnProviderList(Wire):
+    """The tenant's own provider accounts (`GET /v1/own-providers`)."""
+
+    providers: List[OwnProviderView] = field(default_factory=list)
