@@ -98,11 +98,90 @@ pub struct DatasetCache {
     /// Whether `file://` URLs may be read (off by default: a tenant must not make the agent
     /// copy files of the provider's host into a job).
     allow_files: bool,
+    /// What the cache keeps at most, in bytes, before a fetch makes room (`None`: no limit).
+    limit_bytes: Option<u64>,
+}
+
+/// A file the cache holds: its name, size, and when a replica last asked for it.
+struct Entry {
+    name: String,
+    bytes: u64,
+    used: std::time::SystemTime,
+    /// Linked into a running replica's directory: removing it would free nothing now.
+    in_use: bool,
 }
 
 impl DatasetCache {
     pub fn new(dir: PathBuf, allow_files: bool) -> DatasetCache {
-        DatasetCache { dir, allow_files }
+        DatasetCache {
+            dir,
+            allow_files,
+            limit_bytes: None,
+        }
+    }
+
+    /// The cache keeping at most `bytes` (the agent's `--dataset-cache-gib`): before a fetch,
+    /// the datasets used least recently and in use by no replica are removed until the new one
+    /// fits. A dataset larger than the limit is still fetched (its job needs it), with every
+    /// other one that can go gone first.
+    pub fn with_limit(self, bytes: Option<u64>) -> DatasetCache {
+        DatasetCache {
+            limit_bytes: bytes,
+            ..self
+        }
+    }
+
+    /// What the cache holds now, least recently used first.
+    fn entries(&self) -> Vec<Entry> {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(listing) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut entries: Vec<Entry> = listing
+            .filter_map(|entry| {
+                let entry = entry.ok()?;
+                let name = entry.file_name().into_string().ok()?;
+                let (algorithm, hex) = name.split_once('-')?;
+                ContentDigest::parse(&format!("{algorithm}:{hex}")).ok()?;
+                let meta = entry.metadata().ok()?;
+                Some(Entry {
+                    name,
+                    bytes: meta.len(),
+                    used: meta.modified().ok()?,
+                    in_use: meta.nlink() > 1,
+                })
+            })
+            .collect();
+        entries.sort_by(|a, b| a.used.cmp(&b.used).then_with(|| a.name.cmp(&b.name)));
+        entries
+    }
+
+    /// Removes the least recently used datasets no replica holds until `incoming` more bytes
+    /// fit under the limit; returns the names removed.
+    fn make_room(&self, incoming: u64) -> Vec<String> {
+        let Some(limit) = self.limit_bytes else {
+            return Vec::new();
+        };
+        let entries = self.entries();
+        let mut kept: u64 = entries.iter().map(|entry| entry.bytes).sum();
+        let mut removed = Vec::new();
+        for entry in entries.iter().filter(|entry| !entry.in_use) {
+            if kept.saturating_add(incoming) <= limit {
+                break;
+            }
+            if std::fs::remove_file(self.dir.join(&entry.name)).is_ok() {
+                kept -= entry.bytes;
+                removed.push(entry.name.clone());
+            }
+        }
+        removed
+    }
+
+    /// Marks a cached file as used now (its modification time: what eviction orders by).
+    fn touch(path: &Path) {
+        if let Ok(file) = std::fs::OpenOptions::new().write(true).open(path) {
+            let _ = file.set_modified(std::time::SystemTime::now());
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -170,6 +249,7 @@ impl DatasetCache {
         let digest = ContentDigest::parse(&dataset.digest)?;
         let path = self.dir.join(digest.file_name());
         if path.is_file() {
+            Self::touch(&path);
             return Ok(path);
         }
         let fail = |message: String| DatasetError::Fetch {
@@ -179,6 +259,10 @@ impl DatasetCache {
         tokio::fs::create_dir_all(&self.dir)
             .await
             .map_err(|error| fail(format!("{}: {error}", self.dir.display())))?;
+        let removed = self.make_room(dataset.size_bytes);
+        if !removed.is_empty() {
+            tracing::info!(?removed, for_url = %dataset.url, "datasets used least recently removed from the cache to make room");
+        }
         // A file of this fetch's own: a dataset staged ahead and a replica's staging may fetch
         // the same one at once; each renames its own whole, verified file into place.
         static FETCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -306,6 +390,64 @@ mod tests {
         for bad in ["blake3:xyz", "md5:00", &format!("BLAKE3:{}", "a".repeat(64))] {
             assert!(ContentDigest::parse(bad).is_err(), "{bad}");
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_full_cache_removes_what_was_used_least_lately_and_no_replica_holds() {
+        let dir = std::env::temp_dir().join(format!("fallow-datasets-full-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let http = reqwest::Client::new();
+        let cache = DatasetCache::new(dir.join("cache"), true).with_limit(Some(100));
+        let mut made = Vec::new();
+        for index in 0..5u8 {
+            let bytes = vec![b'a' + index; 40];
+            let source = dir.join(format!("{index}.bin"));
+            std::fs::write(&source, &bytes).unwrap();
+            let digest = format!("blake3:{}", blake3::hash(&bytes).to_hex());
+            made.push(dataset(format!("file://{}", source.display()), digest, 40));
+        }
+        let held = |cache: &DatasetCache| {
+            let mut names: Vec<String> = made
+                .iter()
+                .enumerate()
+                .filter(|(_, wanted)| cache.digests().contains(&wanted.digest))
+                .map(|(index, _)| index.to_string())
+                .collect();
+            names.sort();
+            names.join(",")
+        };
+        let step = || std::thread::sleep(std::time::Duration::from_millis(20));
+        for index in [0, 1] {
+            cache.fetch(&http, &made[index]).await.unwrap();
+            step();
+        }
+        cache.fetch(&http, &made[0]).await.unwrap(); // used again: 1 is now the least lately
+        step();
+        cache.fetch(&http, &made[2]).await.unwrap();
+        assert_eq!(held(&cache), "0,2", "80 + 40 > 100: the least lately used went");
+        step();
+        // 0 is in a replica's hands: 2 goes instead, though used later.
+        cache.link_into(&made[..1], &dir.join("lease-1")).await.unwrap();
+        cache.fetch(&http, &made[3]).await.unwrap();
+        assert_eq!(held(&cache), "0,3");
+        // Larger than the limit: still fetched, with all else that can go gone.
+        let big = vec![b'z'; 150];
+        let source = dir.join("big.bin");
+        std::fs::write(&source, &big).unwrap();
+        let wanted = dataset(
+            format!("file://{}", source.display()),
+            format!("blake3:{}", blake3::hash(&big).to_hex()),
+            150,
+        );
+        cache.fetch(&http, &wanted).await.unwrap();
+        assert_eq!(held(&cache), "0", "only the linked one stays");
+        assert!(cache.digests().contains(&wanted.digest));
+        // Without a limit nothing goes.
+        let open = DatasetCache::new(dir.join("cache"), true);
+        open.fetch(&http, &made[4]).await.unwrap();
+        assert_eq!(held(&open), "0,4");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

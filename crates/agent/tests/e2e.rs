@@ -142,6 +142,7 @@ fn agent_config_via(world: &World, name: &str, coordinator: &str) -> AgentConfig
         usage_every: Duration::from_millis(500),
         grace: Duration::from_secs(2),
         allow_file_datasets: true,
+        dataset_cache_bytes: None,
         guard_program: None,
         canary_program: None,
         matmul_device: None,

@@ -81,6 +81,7 @@ async fn output_across_an_agent_restart_is_all_there_with_a_marker() {
         usage_every: Duration::from_millis(500),
         grace: Duration::from_secs(1),
         allow_file_datasets: false,
+        dataset_cache_bytes: None,
         guard_program: None,
         canary_program: None,
         matmul_device: None,

@@ -243,6 +243,7 @@ fn agent_config_for(world: &World, provider_key: &str, name: &str, coordinator: 
         usage_every: Duration::from_millis(500),
         grace: Duration::from_secs(2),
         allow_file_datasets: false,
+        dataset_cache_bytes: None,
         guard_program: None,
         // In this process: the agent crate's tests have no `fallow` binary.
         canary_program: None,

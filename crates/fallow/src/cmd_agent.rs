@@ -94,6 +94,11 @@ pub struct AgentArgs {
     /// any file of this host whose digest it knows.
     #[arg(long, env = "FALLOW_AGENT_ALLOW_FILE_DATASETS")]
     allow_file_datasets: bool,
+    /// What the dataset cache under the data directory keeps at most, in GiB (0: no limit):
+    /// before a fetch, the datasets used least recently, and by no running replica, are removed
+    /// until the new one fits.
+    #[arg(long, default_value_t = 100, env = "FALLOW_AGENT_DATASET_CACHE_GIB")]
+    dataset_cache_gib: u64,
     /// How replicas run: in Docker containers (the Docker Engine on this host), as processes
     /// (bare metal: `image` is the program), or both (jobs that ask for the process runtime as
     /// processes, the others in containers).
@@ -399,6 +404,7 @@ fn agent_config(
         usage_every: std::time::Duration::from_secs(30),
         grace: std::time::Duration::from_secs(30),
         allow_file_datasets: false,
+        dataset_cache_bytes: None,
         // This binary, as every replica's guard.
         guard_program: Some(std::env::current_exe().context("finding the fallow binary, for the replicas' guards")?),
         // This binary again, as `fallow canary run` for the coordinator's canary orders.
@@ -657,6 +663,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         usage_every: std::time::Duration::from_secs(args.usage_every_s.max(1)),
         grace: std::time::Duration::from_secs(args.grace_s),
         allow_file_datasets: args.allow_file_datasets,
+        dataset_cache_bytes: (args.dataset_cache_gib > 0).then(|| args.dataset_cache_gib.saturating_mul(1 << 30)),
         scratch_encryption: args.scratch_encryption.into(),
         ..config
     };

@@ -71,6 +71,9 @@ pub struct AgentConfig {
     pub grace: Duration,
     /// Whether jobs may name datasets by `file://` URL (tests, air-gapped sites); off by default.
     pub allow_file_datasets: bool,
+    /// What the dataset cache keeps at most, in bytes (`None`: no limit); the datasets used
+    /// least recently go first (`crate::datasets::DatasetCache::with_limit`).
+    pub dataset_cache_bytes: Option<u64>,
     /// The `fallow` binary, started as `PROGRAM agent guard ...` beside each replica to stop it
     /// when this agent stops vouching for it (`crate::guard`); `None` starts no guards.
     pub guard_program: Option<PathBuf>,
@@ -303,7 +306,8 @@ impl<E: Executor> Agent<E> {
                 node.id
             }
         };
-        let datasets = crate::datasets::DatasetCache::new(config.data_dir.join("datasets"), config.allow_file_datasets);
+        let datasets = crate::datasets::DatasetCache::new(config.data_dir.join("datasets"), config.allow_file_datasets)
+            .with_limit(config.dataset_cache_bytes);
         Ok(Agent {
             config,
             key: Arc::new(key),
