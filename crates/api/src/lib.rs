@@ -347,8 +347,11 @@ pub struct OutputView {
     pub digest: String,
     pub size_bytes: i64,
     /// True when the coordinator keeps it (`GET /v1/jobs/{id}/output?replica=N`); false when it
-    /// went to the job's `output_url`.
+    /// went to the job's `output_url` or its retention is over.
     pub kept: bool,
+    /// When the coordinator removed a kept archive at the end of its retention (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired_at_us: Option<i64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]

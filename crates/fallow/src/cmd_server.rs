@@ -62,6 +62,10 @@ pub struct ServerArgs {
     /// environment, FALLOW_METRICS_TOKEN. Without either, only admins' keys read /metrics.
     #[arg(long, value_name = "PATH", env = "FALLOW_METRICS_TOKEN_FILE")]
     metrics_token_file: Option<PathBuf>,
+    /// Output archives the coordinator keeps (jobs without an --output-url) are removed this
+    /// many days after they arrive; their digest and size stay on the job. 0 keeps them.
+    #[arg(long, default_value_t = 14, env = "FALLOW_OUTPUT_RETENTION_DAYS")]
+    output_retention_days: u32,
 }
 
 /// The fewest characters a metrics token may have: it guards the platform's books.
@@ -132,6 +136,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         canary_seconds: args.canary_seconds.clamp(1, 3_600),
         canary_within_ms: args.canary_within_ms,
         gang_start_timeout_ms: args.gang_start_timeout_ms.max(1_000),
+        output_retention_days: args.output_retention_days,
         ..server::Config::default()
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

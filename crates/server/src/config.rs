@@ -78,6 +78,9 @@ pub struct Config {
     /// A bearer token that reads `/metrics` besides an admin's API key (`--metrics-token-file`,
     /// `FALLOW_METRICS_TOKEN`): what a Prometheus server is given instead of an admin's key.
     pub metrics_token: Option<String>,
+    /// Output archives the coordinator keeps are removed this many days after they arrive
+    /// (`--output-retention-days`; 0: kept as long as their job).
+    pub output_retention_days: u32,
 }
 
 impl Config {
@@ -126,6 +129,7 @@ impl Default for Config {
             gang_start_timeout_ms: 600_000,
             tls: None,
             metrics_token: None,
+            output_retention_days: 14,
         }
     }
 }

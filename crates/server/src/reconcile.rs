@@ -197,10 +197,16 @@ pub struct Cursor {
     pub reclaims_checked_at: i64,
     /// When the last pass looked for bookings that start or end.
     pub reservations_checked_at: i64,
+    /// When the last pass removed output archives past their retention.
+    pub outputs_expired_at: i64,
 }
 
 /// How often the leader looks for gangs past their start barrier's deadline.
 pub const GANG_CHECK_EVERY_US: i64 = 1_000_000;
+
+/// How often the leader removes output archives past their retention (an archive outlives its
+/// retention by at most this).
+pub const OUTPUT_EXPIRY_EVERY_US: i64 = 600_000_000;
 
 /// How often the leader looks whether reputations moved enough to build its view again.
 pub const TRUST_CHECK_EVERY_US: i64 = 30_000_000;
@@ -326,6 +332,18 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
     if now - cursor.gangs_checked_at >= GANG_CHECK_EVERY_US {
         cursor.gangs_checked_at = now;
         crate::lifecycle::unassembled_gangs(state, state.config.gang_start_timeout_us(), now).await?;
+    }
+    if state.config.output_retention_days > 0 && now - cursor.outputs_expired_at >= OUTPUT_EXPIRY_EVERY_US {
+        cursor.outputs_expired_at = now;
+        let retention = i64::from(state.config.output_retention_days) * 86_400_000_000;
+        let removed = state.store.expire_output_archives(now - retention, now).await?;
+        if removed > 0 {
+            tracing::info!(
+                removed,
+                days = state.config.output_retention_days,
+                "output archives past their retention removed"
+            );
+        }
     }
     place_queued(state, now, reasons).await?;
     // After the placements: canaries take only the GPUs work left idle.

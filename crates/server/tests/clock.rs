@@ -51,3 +51,73 @@ async fn a_silent_node_loses_its_leases_when_the_leaders_clock_passes_the_timeou
     )
     .await;
 }
+
+/// A replica's output archive the coordinator keeps is served until its retention is over by
+/// the leader's clock, then removed: its digest and size stay on the job, marked expired, and
+/// asking for it says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_output_archive_is_removed_when_its_retention_is_over() {
+    common::on_every_backend_on(
+        true,
+        |config| {
+            config.reconcile = false;
+            config.output_retention_days = 2;
+        },
+        async |h| {
+            let clock = h.clock.as_ref().expect("a manual clock");
+            let provider = h.provider("keep-provider").await;
+            let agent = h.node(&provider, "keep-node", |_| {}).await;
+            agent.heartbeat().await;
+            let tenant = h.tenant("keep-tenant").await;
+            h.credit(&tenant, "100").await;
+            let job = h.submit(&tenant, common::job_request("keep-job")).await;
+            let id = job["id"].as_i64().expect("job id");
+            let state = &h.running.state;
+            let (_lock, mut cursor) = h.take_lead().await;
+            let mut reasons = HashMap::new();
+            let mut pass = async |what: &str| {
+                server::reconcile::pass(state, &mut cursor, &mut reasons)
+                    .await
+                    .unwrap_or_else(|error| panic!("{what}: the pass fails: {error}"));
+            };
+            pass("placing").await;
+            let view = h
+                .get(&tenant.key, &format!("/v1/jobs/{id}"))
+                .await
+                .expect(200, "the job");
+            let lease = &view["leases"][0];
+            // "results\n", as the agent sends a kept archive: base64 in its signed request.
+            let upload = serde_json::json!({"epoch": lease["epoch"], "archive_base64": "cmVzdWx0cwo="});
+            agent
+                .signed(
+                    "POST",
+                    &format!("/v1/agent/leases/{}/output", lease["id"]),
+                    Some(&upload),
+                )
+                .await
+                .expect(200, "the archive kept");
+            let path = format!("/v1/jobs/{id}/output");
+            let served = h.get(&tenant.key, &path).await;
+            assert_eq!((served.status, served.text.as_str()), (200, "results\n"));
+
+            let retention_us = 2 * 86_400_000_000;
+            clock.advance(retention_us - 3_600_000_000);
+            pass("an hour before the end of its retention").await;
+            assert_eq!(h.get(&tenant.key, &path).await.status, 200, "still kept");
+
+            clock.advance(2 * 3_600_000_000);
+            pass("an hour after").await;
+            let why = h.get(&tenant.key, &path).await.refused(404, "removed");
+            assert!(why.contains("retention (2 days)"), "{why}");
+            let view = h
+                .get(&tenant.key, &format!("/v1/jobs/{id}"))
+                .await
+                .expect(200, "the job");
+            let output = &view["leases"][0]["output"];
+            assert_eq!(output["kept"], false, "{view}");
+            assert_eq!(output["size_bytes"], 8, "{view}");
+            assert!(output["expired_at_us"].is_i64(), "{view}");
+        },
+    )
+    .await;
+}

@@ -133,8 +133,8 @@ impl Store {
             "INSERT INTO job_outputs (lease_id, epoch, job_id, replica, digest, size_bytes, archive, received_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
              ON CONFLICT (lease_id) DO UPDATE SET epoch = excluded.epoch, digest = excluded.digest, \
-             size_bytes = excluded.size_bytes, archive = excluded.archive, received_at = excluded.received_at \
-             WHERE job_outputs.epoch < excluded.epoch",
+             size_bytes = excluded.size_bytes, archive = excluded.archive, received_at = excluded.received_at, \
+             expired_at = NULL WHERE job_outputs.epoch < excluded.epoch",
         )
         .bind(output.lease_id)
         .bind(output.epoch)
@@ -207,10 +207,23 @@ impl Store {
         rows.iter().map(|row| Ok(row.try_get("node_id")?)).collect()
     }
 
+    /// Removes the bytes of kept archives received before `cutoff` (their digest and size
+    /// stay, marked expired at `now`); returns how many.
+    pub async fn expire_output_archives(&self, cutoff: i64, now: i64) -> Result<u64> {
+        let done = sqlx::query(
+            "UPDATE job_outputs SET archive = NULL, expired_at = $1 WHERE archive IS NOT NULL AND received_at < $2",
+        )
+        .bind(now)
+        .bind(cutoff)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
     /// A job's output archives without their bytes, by lease.
     pub async fn job_outputs(&self, job_id: i64) -> Result<Vec<JobOutputInfo>> {
         let rows = sqlx::query(
-            "SELECT lease_id, replica, digest, size_bytes, \
+            "SELECT lease_id, replica, digest, size_bytes, expired_at, \
              CAST(CASE WHEN archive IS NULL THEN 0 ELSE 1 END AS BIGINT) AS kept \
              FROM job_outputs WHERE job_id = $1 ORDER BY lease_id",
         )
@@ -226,6 +239,7 @@ impl Store {
                     digest: row.try_get("digest")?,
                     size_bytes: row.try_get("size_bytes")?,
                     kept: kept == 1,
+                    expired_at: row.try_get("expired_at")?,
                 })
             })
             .collect()

@@ -324,6 +324,8 @@ pub struct JobOutputInfo {
     pub digest: String,
     pub size_bytes: i64,
     pub kept: bool,
+    /// When the coordinator removed its bytes after its retention.
+    pub expired_at: Option<i64>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -268,8 +268,10 @@ class OutputView(Wire):
     digest: str = ""
     size_bytes: int = 0
     #: True when the coordinator keeps it (`Client.output`); false when it went to the job's
-    #: `output_url`.
+    #: `output_url` or its retention is over.
     kept: bool = False
+    #: When the coordinator removed it at the end of its retention (µs); None while kept.
+    expired_at_us: Optional[int] = None
 
 
 @dataclass

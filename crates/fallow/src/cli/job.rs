@@ -627,6 +627,8 @@ fn print_job(answer: &Value, job: &JobView) {
             let output = lease.output.as_ref()?;
             let place = if output.kept {
                 format!("fallow job output {} --replica {} > out.tar", job.id, lease.replica)
+            } else if let Some(at) = output.expired_at_us {
+                format!("removed at {}, past the coordinator's retention", model::time::utc(at))
             } else {
                 "sent to its output URL".to_string()
             };

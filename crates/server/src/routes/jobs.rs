@@ -61,6 +61,7 @@ async fn full_job_view(state: &AppState, job: &JobRecord) -> ApiResult<JobView> 
                 digest: output.digest,
                 size_bytes: output.size_bytes,
                 kept: output.kept,
+                expired_at_us: output.expired_at,
             });
         }
     }

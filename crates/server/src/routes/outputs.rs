@@ -45,6 +45,7 @@ pub async fn lease_output(
         digest: format!("blake3:{}", blake3::hash(&archive).to_hex()),
         size_bytes: archive.len() as i64,
         kept: true,
+        expired_at_us: None,
     };
     state
         .store
@@ -87,7 +88,20 @@ pub async fn job_output(
     }
     let Some((digest, archive)) = state.store.job_output_archive(job.id, replica).await? else {
         let output_url = crate::wire::job_request(&job).output_url;
-        let why = if api::output_url_of(output_url.as_deref(), replica).is_some() {
+        let expired = state
+            .store
+            .job_outputs(job.id)
+            .await?
+            .into_iter()
+            .rfind(|output| output.replica == replica)
+            .and_then(|output| output.expired_at);
+        let why = if let Some(at) = expired {
+            format!(
+                "it was removed at {}, when its retention ({} days) ended",
+                model::time::utc(at),
+                state.config.output_retention_days
+            )
+        } else if api::output_url_of(output_url.as_deref(), replica).is_some() {
             "it goes to the job's output_url".to_string()
         } else {
             "it has not ended, or left nothing in $FALLOW_OUTPUT_DIR".to_string()
