@@ -6,6 +6,21 @@ mod common;
 
 use std::collections::HashMap;
 
+use common::{Account, Agent, Harness};
+
+/// A provider with one node on line, and a tenant with credit and a job submitted (not placed:
+/// the test's own passes place it): `NAME-provider`, `NAME-node`, `NAME-tenant`, `NAME-job`.
+async fn one_node_and_a_job(h: &Harness, name: &str) -> (Account, Agent, Account, i64) {
+    let provider = h.provider(&format!("{name}-provider")).await;
+    let agent = h.node(&provider, &format!("{name}-node"), |_| {}).await;
+    agent.heartbeat().await;
+    let tenant = h.tenant(&format!("{name}-tenant")).await;
+    h.credit(&tenant, "100").await;
+    let job = h.submit(&tenant, common::job_request(&format!("{name}-job"))).await;
+    let id = job["id"].as_i64().expect("job id");
+    (provider, agent, tenant, id)
+}
+
 /// A node that stops beating loses its leases exactly when the leader's clock passes the
 /// heartbeat timeout, not before, however long the test really takes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -15,13 +30,7 @@ async fn a_silent_node_loses_its_leases_when_the_leaders_clock_passes_the_timeou
         |config| config.reconcile = false,
         async |h| {
             let clock = h.clock.as_ref().expect("a manual clock");
-            let provider = h.provider("clock-provider").await;
-            let agent = h.node(&provider, "clock-node", |_| {}).await;
-            agent.heartbeat().await;
-            let tenant = h.tenant("clock-tenant").await;
-            h.credit(&tenant, "100").await;
-            let job = h.submit(&tenant, common::job_request("clock-job")).await;
-            let id = job["id"].as_i64().expect("job id");
+            let (provider, agent, tenant, id) = one_node_and_a_job(h, "clock").await;
             let state = &h.running.state;
             let (_lock, mut cursor) = h.take_lead().await;
             let mut reasons = HashMap::new();
@@ -65,13 +74,7 @@ async fn a_kept_output_archive_is_removed_when_its_retention_is_over() {
         },
         async |h| {
             let clock = h.clock.as_ref().expect("a manual clock");
-            let provider = h.provider("keep-provider").await;
-            let agent = h.node(&provider, "keep-node", |_| {}).await;
-            agent.heartbeat().await;
-            let tenant = h.tenant("keep-tenant").await;
-            h.credit(&tenant, "100").await;
-            let job = h.submit(&tenant, common::job_request("keep-job")).await;
-            let id = job["id"].as_i64().expect("job id");
+            let (_, agent, tenant, id) = one_node_and_a_job(h, "keep").await;
             let state = &h.running.state;
             let (_lock, mut cursor) = h.take_lead().await;
             let mut reasons = HashMap::new();

@@ -77,8 +77,15 @@ impl<E: Executor> Agent<E> {
             leases.iter().map(|lease| (lease.lease.id, lease.lease.epoch)).collect();
         self.ended.retain(|lease| listed.contains(lease));
         self.left_running.retain(|lease| listed.contains(lease));
-        // A staged replica whose lease ended or moved on waits for nothing.
-        self.staged.retain(|id, staged| listed.contains(&(*id, staged.epoch)));
+        // A staged replica whose lease ended or moved on waits for nothing; its view of its
+        // datasets goes (nothing else of it exists yet).
+        self.staged.retain(|id, staged| {
+            let keep = listed.contains(&(*id, staged.epoch));
+            if !keep && let Some(dir) = &staged.spec.datasets_dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            keep
+        });
         // GPUs still held: by running replicas (a preempted one in its grace period among them)
         // and by replicas being stopped. A new lease on them waits until they are free.
         let mut busy: Vec<u8> = self
