@@ -148,7 +148,10 @@ fn show_answer(client: &Client, answer: &serde_json::Value, done: &str) -> anyho
 }
 
 fn print_view(view: &ReservationView) {
-    println!("reservation {}: {} ({})", view.id, view.state, view.state_reason);
+    match view.state_reason.as_str() {
+        "" => println!("reservation {}: {}", view.id, view.state),
+        reason => println!("reservation {}: {} ({reason})", view.id, view.state),
+    }
     println!(
         "  {} × {}{} from {} until {}",
         view.gpus,
