@@ -207,12 +207,14 @@ def test_a_linked_own_provider_runs_the_job_unpriced(client: Client, dev: Dev) -
         own = linked.providers[0]
         assert own.nodes == 1 and own.gpus == 2, own
         assert client.own_providers() == linked
+        assert client.quote(shell("echo own")).own_nodes_feasible == 1
         job = client.wait(client.submit(shell("echo own")).id, timeout=WITHIN_S)
         assert job.state == "finished" and job.capacity == "own", job
         assert job.leases[-1].price_micros_per_gpu_hour == 0, job
     finally:
         after = client.unlink_own_provider(linked.providers[0].provider_id if linked.providers else 0)
     assert after.providers == [], after
+    assert client.quote(shell("echo market")).own_nodes_feasible is None
     job = client.wait(client.submit(shell("echo market")).id, timeout=WITHIN_S)
     assert job.capacity == "market", job
 

@@ -374,6 +374,11 @@ pub struct QuoteView {
     pub nodes_total: u64,
     /// Why nodes were excluded, in words.
     pub explanation: String,
+    /// For a tenant with nodes of its own (`POST /v1/own-providers`): how many of them could
+    /// take the job now, whatever their asks; a job that fits there runs there at no price.
+    /// Absent for a tenant with none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_nodes_feasible: Option<u64>,
 }
 
 /// One node's offer in a search.

@@ -87,7 +87,7 @@ pub fn decide(
         let own = match owned.providers.get(&job.tenant_id) {
             Some(providers) if booked_until.is_none() => own_nodes
                 .entry(job.tenant_id)
-                .or_insert_with(|| nodes_of(view, providers))
+                .or_insert_with(|| view.nodes_of_providers(providers))
                 .clone(),
             _ => Vec::new(),
         };
@@ -202,19 +202,6 @@ pub fn decide(
 #[derive(Clone, Debug, Default)]
 pub struct Owned {
     pub providers: HashMap<i64, Vec<i64>>,
-}
-
-/// The view's nodes of these providers, as the matcher's sorted ids.
-fn nodes_of(view: &FleetView, providers: &[i64]) -> Vec<model::NodeId> {
-    let mut nodes: Vec<model::NodeId> = view
-        .records
-        .iter()
-        .zip(&view.node_ids)
-        .filter(|(record, _)| providers.contains(&record.node.provider_id))
-        .filter_map(|(_, id)| view.dense.get(id).copied())
-        .collect();
-    nodes.sort_unstable();
-    nodes
 }
 
 /// Where `spec` goes: a plain placement, or else (but for bronze) one that preempts bronze

@@ -529,6 +529,19 @@ impl FleetView {
     pub fn region(&self, name: &str) -> Option<RegionId> {
         self.matcher.topology().find_region(name)
     }
+
+    /// The dense ids of the nodes of these provider accounts, sorted (a job's `only_nodes`).
+    pub fn nodes_of_providers(&self, providers: &[i64]) -> Vec<NodeId> {
+        let mut nodes: Vec<NodeId> = self
+            .records
+            .iter()
+            .zip(&self.node_ids)
+            .filter(|(record, _)| providers.contains(&record.node.provider_id))
+            .filter_map(|(_, id)| self.dense.get(id).copied())
+            .collect();
+        nodes.sort_unstable();
+        nodes
+    }
 }
 
 /// A placement that holds `gpu_mask` of `node` for `job` alone: gold (never preempted), GPUs

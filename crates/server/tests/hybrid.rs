@@ -60,6 +60,18 @@ async fn own_nodes_first_at_no_price_then_the_market_and_the_own_nodes_sell_thei
 
             let mut leader = h.lead().await;
             leader.pass(h, "building the view").await;
+            // A quote counts the lab's own node, whose asks are over the cap, apart: the job
+            // would run there at no price. Another tenant has no own nodes to count.
+            let quote = async |key: &str| {
+                h.post(key, "/v1/jobs/quote", eight_h100("quoted", "5"))
+                    .await
+                    .expect(200, "a quote")
+            };
+            let quoted = quote(&tenant.key).await;
+            assert_eq!(quoted["nodes_feasible"], 1, "the farm alone under the cap: {quoted}");
+            assert_eq!(quoted["own_nodes_feasible"], 1, "{quoted}");
+            let theirs = quote(&other.key).await;
+            assert!(theirs.get("own_nodes_feasible").is_none(), "{theirs}");
             let show = async |key: &str, job: &Value| {
                 h.get(key, &format!("/v1/jobs/{}", job["id"]))
                     .await
@@ -75,6 +87,9 @@ async fn own_nodes_first_at_no_price_then_the_market_and_the_own_nodes_sell_thei
             assert_eq!(first_view["leases"][0]["price_micros_per_gpu_hour"], 0, "{first_view}");
             assert_eq!(first_view["escrow_micros"], 0, "{first_view}");
             assert_eq!(first_view["capacity"], "own", "{first_view}");
+
+            let quoted = quote(&tenant.key).await;
+            assert_eq!(quoted["own_nodes_feasible"], 0, "the own node is full: {quoted}");
 
             // Second: the own node is full, so the market, under the cap, with its hold.
             let second = h.submit(&tenant, eight_h100("second", "5")).await;

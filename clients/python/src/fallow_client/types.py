@@ -416,6 +416,9 @@ class QuoteView(Wire):
     nodes_total: int = 0
     #: Why nodes were excluded, in words.
     explanation: str = ""
+    #: For a tenant with nodes of its own: how many of them could take the job now, whatever
+    #: their asks (it runs there at no price); None for a tenant with none.
+    own_nodes_feasible: Optional[int] = None
 
 
 @dataclass

@@ -815,6 +815,13 @@ fn quote(client: &Client, body: Map<String, Value>) -> anyhow::Result<()> {
         ),
         ("GPUs on them", quote.gpus_feasible.to_string()),
     ];
+    if let Some(own) = quote.own_nodes_feasible {
+        let said = match own {
+            0 => "none can take it now: it goes to the market".to_string(),
+            own => format!("{own} can take it now: it runs there at no price"),
+        };
+        pairs.push(("your own nodes", said));
+    }
     if let Some(holding) = quote.nodes_with_data {
         pairs.push((
             "with its data",

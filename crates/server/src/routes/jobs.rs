@@ -312,6 +312,16 @@ pub async fn quote_job(
     JsonBody(request): JsonBody<JobRequest>,
 ) -> ApiResult<Json<QuoteView>> {
     require(&caller, &[Role::Tenant, Role::Admin])?;
+    let own: Vec<i64> = match caller.role {
+        Role::Tenant => state
+            .store
+            .own_providers_of(caller.account_id)
+            .await?
+            .into_iter()
+            .map(|(provider, _)| provider)
+            .collect(),
+        _ => Vec::new(),
+    };
     crate::reconcile::ensure_view(&state).await?;
     let view = state.view.lock().await;
     let view = view
@@ -320,6 +330,19 @@ pub async fn quote_job(
     let now_s = state.now_us() / 1_000_000;
     let spec = request.to_spec(0, caller.account_id, now_s, |name| view.region(name))?;
     let quote = view.matcher.quote_naming(&spec, now_s, &request.regions);
+    // On the tenant's own nodes, as the leader plans it: only those, whatever their asks.
+    let own_nodes_feasible = (!own.is_empty()).then(|| {
+        let nodes = view.nodes_of_providers(&own);
+        if nodes.is_empty() {
+            return 0;
+        }
+        let mut own_spec = spec.clone();
+        own_spec.only_nodes = nodes;
+        own_spec.max_price = model::Micros(i64::MAX / 4);
+        view.matcher
+            .quote_naming(&own_spec, now_s, &request.regions)
+            .nodes_feasible
+    });
     Ok(Json(QuoteView {
         price_micros_per_gpu_hour: quote.price_per_gpu_hour.map(|price| price.0),
         nodes_feasible: quote.nodes_feasible,
@@ -330,6 +353,7 @@ pub async fn quote_job(
             .explanation
             .map(|explanation| explanation.message)
             .unwrap_or_default(),
+        own_nodes_feasible,
     }))
 }
 
