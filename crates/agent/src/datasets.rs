@@ -52,6 +52,12 @@ impl ContentDigest {
     pub fn file_name(&self) -> String {
         format!("{}-{}", self.algorithm, self.hex)
     }
+
+    /// The digest a cache file's name stands for; `None` for any other file (a partial fetch).
+    fn of_file_name(name: &str) -> Option<ContentDigest> {
+        let (algorithm, hex) = name.split_once('-')?;
+        ContentDigest::parse(&format!("{algorithm}:{hex}")).ok()
+    }
 }
 
 impl std::fmt::Display for ContentDigest {
@@ -141,8 +147,7 @@ impl DatasetCache {
             .filter_map(|entry| {
                 let entry = entry.ok()?;
                 let name = entry.file_name().into_string().ok()?;
-                let (algorithm, hex) = name.split_once('-')?;
-                ContentDigest::parse(&format!("{algorithm}:{hex}")).ok()?;
+                ContentDigest::of_file_name(&name)?;
                 let meta = entry.metadata().ok()?;
                 Some(Entry {
                     name,
@@ -194,12 +199,7 @@ impl DatasetCache {
             .map(|entries| {
                 entries
                     .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-                    .filter_map(|name| {
-                        let (algorithm, hex) = name.split_once('-')?;
-                        ContentDigest::parse(&format!("{algorithm}:{hex}"))
-                            .ok()
-                            .map(|digest| digest.to_string())
-                    })
+                    .filter_map(|name| ContentDigest::of_file_name(&name).map(|digest| digest.to_string()))
                     .collect()
             })
             .unwrap_or_default();
@@ -225,12 +225,15 @@ impl DatasetCache {
             url: dataset.url.clone(),
             message,
         };
+        let Some(first) = datasets.first() else {
+            return Ok(());
+        };
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|error| fail(first, format!("{}: {error}", dir.display())))?;
         for dataset in datasets {
             let name = ContentDigest::parse(&dataset.digest)?.file_name();
             let (from, to) = (self.dir.join(&name), dir.join(&name));
-            tokio::fs::create_dir_all(dir)
-                .await
-                .map_err(|error| fail(dataset, format!("{}: {error}", dir.display())))?;
             if to.exists() {
                 continue; // named twice
             }

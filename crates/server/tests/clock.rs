@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::collections::HashMap;
-
 use common::{Account, Agent, Harness};
 
 /// A provider with one node on line, and a tenant with credit and a job submitted (not placed:
@@ -32,12 +30,9 @@ async fn a_silent_node_loses_its_leases_when_the_leaders_clock_passes_the_timeou
             let clock = h.clock.as_ref().expect("a manual clock");
             let (provider, agent, tenant, id) = one_node_and_a_job(h, "clock").await;
             let state = &h.running.state;
-            let (_lock, mut cursor) = h.take_lead().await;
-            let mut reasons = HashMap::new();
+            let mut leader = h.lead().await;
             let mut pass = async |what: &str| {
-                server::reconcile::pass(state, &mut cursor, &mut reasons)
-                    .await
-                    .unwrap_or_else(|error| panic!("{what}: the pass fails: {error}"));
+                leader.pass(h, what).await;
                 h.get(&tenant.key, &format!("/v1/jobs/{id}")).await.expect(200, what)
             };
             let placed = pass("placing").await;
@@ -75,15 +70,8 @@ async fn a_kept_output_archive_is_removed_when_its_retention_is_over() {
         async |h| {
             let clock = h.clock.as_ref().expect("a manual clock");
             let (_, agent, tenant, id) = one_node_and_a_job(h, "keep").await;
-            let state = &h.running.state;
-            let (_lock, mut cursor) = h.take_lead().await;
-            let mut reasons = HashMap::new();
-            let mut pass = async |what: &str| {
-                server::reconcile::pass(state, &mut cursor, &mut reasons)
-                    .await
-                    .unwrap_or_else(|error| panic!("{what}: the pass fails: {error}"));
-            };
-            pass("placing").await;
+            let mut leader = h.lead().await;
+            leader.pass(h, "placing").await;
             let view = h
                 .get(&tenant.key, &format!("/v1/jobs/{id}"))
                 .await
@@ -105,11 +93,11 @@ async fn a_kept_output_archive_is_removed_when_its_retention_is_over() {
 
             let retention_us = 2 * 86_400_000_000;
             clock.advance(retention_us - 3_600_000_000);
-            pass("an hour before the end of its retention").await;
+            leader.pass(h, "an hour before the end of its retention").await;
             assert_eq!(h.get(&tenant.key, &path).await.status, 200, "still kept");
 
             clock.advance(2 * 3_600_000_000);
-            pass("an hour after").await;
+            leader.pass(h, "an hour after").await;
             let why = h.get(&tenant.key, &path).await.refused(404, "removed");
             assert!(why.contains("retention (2 days)"), "{why}");
             let view = h
