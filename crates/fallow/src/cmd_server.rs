@@ -63,8 +63,14 @@ pub struct ServerArgs {
     #[arg(long, value_name = "PATH", env = "FALLOW_METRICS_TOKEN_FILE")]
     metrics_token_file: Option<PathBuf>,
     /// Output archives the coordinator keeps (jobs without an --output-url) are removed this
-    /// many days after they arrive; their digest and size stay on the job. 0 keeps them.
-    #[arg(long, default_value_t = 14, env = "FALLOW_OUTPUT_RETENTION_DAYS")]
+    /// many days after they arrive (at most 36500); their digest and size stay on the job. 0
+    /// keeps them.
+    #[arg(
+        long,
+        default_value_t = 14,
+        env = "FALLOW_OUTPUT_RETENTION_DAYS",
+        value_parser = clap::value_parser!(u32).range(0..=i64::from(server::OUTPUT_RETENTION_DAYS_MAX))
+    )]
     output_retention_days: u32,
 }
 

@@ -774,6 +774,32 @@ fn an_agent_setting_from_the_environment_is_checked_as_its_flag() {
     fails(output, "a bad FALLOW_AGENT_GANG_PORTS", &["--gang-ports"]);
 }
 
+/// A retention past its bound is refused with the flag's name, from the flag or the environment.
+#[test]
+fn an_output_retention_past_a_century_is_refused_naming_the_flag() {
+    let dir = std::env::temp_dir().join(format!("fallow-retention-{}", std::process::id()));
+    let server = |args: &[&str], env: &[(&str, &str)]| {
+        Command::new(env!("CARGO_BIN_EXE_fallow"))
+            .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&dir)
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .expect("fallow runs")
+    };
+    fails(
+        server(&["--output-retention-days", "4000000000"], &[]),
+        "a retention of 4e9 days",
+        &["--output-retention-days"],
+    );
+    fails(
+        server(&[], &[("FALLOW_OUTPUT_RETENTION_DAYS", "36501")]),
+        "a retention of 36501 days",
+        &["--output-retention-days"],
+    );
+    assert!(!dir.exists(), "nothing was started");
+}
+
 /// `fallow agent --config FILE` (and `/etc/fallow/agent.toml`) gives settings by their flags'
 /// names; a flag beats the environment, which beats the file; an unknown setting is refused
 /// with its line (issue 22, item 2).

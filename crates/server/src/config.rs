@@ -79,9 +79,13 @@ pub struct Config {
     /// `FALLOW_METRICS_TOKEN`): what a Prometheus server is given instead of an admin's key.
     pub metrics_token: Option<String>,
     /// Output archives the coordinator keeps are removed this many days after they arrive
-    /// (`--output-retention-days`; 0: kept as long as their job).
+    /// (`--output-retention-days`, at most `OUTPUT_RETENTION_DAYS_MAX`; 0: kept as long as
+    /// their job).
     pub output_retention_days: u32,
 }
+
+/// The longest retention `--output-retention-days` takes: a century.
+pub const OUTPUT_RETENTION_DAYS_MAX: u32 = 36_500;
 
 impl Config {
     pub fn heartbeat_interval_us(&self) -> i64 {

@@ -50,7 +50,7 @@ use store::{Role, Store};
 use tower_http::catch_panic::CatchPanicLayer;
 
 pub use clock::{Clock, ManualClock, SystemClock, advance_clock_for_tests};
-pub use config::Config;
+pub use config::{Config, OUTPUT_RETENTION_DAYS_MAX};
 pub use edge::{EdgeConfig, RunningEdge, start_edge};
 pub use error::ApiError;
 pub use state::AppState;

@@ -335,7 +335,7 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
     }
     if state.config.output_retention_days > 0 && now - cursor.outputs_expired_at >= OUTPUT_EXPIRY_EVERY_US {
         cursor.outputs_expired_at = now;
-        let retention = i64::from(state.config.output_retention_days) * 86_400_000_000;
+        let retention = i64::from(state.config.output_retention_days).saturating_mul(86_400_000_000);
         let removed = state.store.expire_output_archives(now - retention, now).await?;
         if removed > 0 {
             tracing::info!(
