@@ -32,6 +32,7 @@ mod services;
 mod signatures;
 mod state;
 mod tls;
+mod turns;
 mod usage;
 mod warm;
 mod wire;

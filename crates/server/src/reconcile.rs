@@ -637,7 +637,7 @@ async fn write_placements(
     {
         let result = {
             let asked = Instant::now();
-            let turn = state.writer_turn().await;
+            let turn = state.placement_turn().await;
             let turned = asked.elapsed();
             let (store, writes) = (state.store.clone(), writes.to_vec());
             let fence = state.fence.load(std::sync::atomic::Ordering::SeqCst);

@@ -20,6 +20,7 @@ use crate::error::ApiError;
 use crate::fleet::FleetView;
 use crate::lease_hints::LeaseHints;
 use crate::metrics::Metrics;
+use crate::turns::{Precedence, Turn, Turns};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Caller {
@@ -125,26 +126,23 @@ pub struct AppState {
     pub window_hours: Mutex<crate::books::fraud::WindowHours>,
 }
 
-/// On SQLite the group-commit writers take turns here rather than at SQLite's write lock, where
-/// the loser's busy handler sleeps 1–100 ms between tries: with three writers meeting there, a
-/// commit waited tens of milliseconds for a lock long free while the CPUs idled (under
-/// `bench api`, 210 such sleeps and 3.6 s asleep in 5 s; 25 and 0.6 s with turns). PostgreSQL
-/// locks rows, so there the writers commit side by side (`None`).
+/// The writers' turns on SQLite (`crate::turns`); none on PostgreSQL, which locks rows, so there
+/// the writers commit side by side.
 #[derive(Clone)]
-struct WriterTurns(Option<Arc<tokio::sync::Mutex<()>>>);
+struct WriterTurns(Option<Turns>);
 
 impl WriterTurns {
     fn for_store(store: &Store) -> WriterTurns {
         match store.backend() {
-            Backend::Sqlite => WriterTurns(Some(Arc::new(tokio::sync::Mutex::new(())))),
+            Backend::Sqlite => WriterTurns(Some(Turns::default())),
             Backend::Postgres => WriterTurns(None),
         }
     }
 
-    /// Waits for this writer's turn (first come, first served); the turn ends when dropped.
-    async fn take(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+    /// Waits for this writer's turn; the turn ends when dropped.
+    async fn take(&self, precedence: Precedence) -> Option<Turn> {
         match &self.0 {
-            Some(lock) => Some(lock.clone().lock_owned().await),
+            Some(turns) => Some(turns.take(precedence).await),
             None => None,
         }
     }
@@ -166,7 +164,7 @@ impl AppState {
         let nonces = Batcher::start("nonce", BATCH_ROWS_MAX, home, move |items: Vec<(i64, String, i64)>| {
             let (store, turns) = (nonce_store.clone(), nonce_turns.clone());
             async move {
-                let _turn = turns.take().await;
+                let _turn = turns.take(Precedence::InTurn).await;
                 store.remember_nonces(&items).await.map_err(|error| error.to_string())
             }
         });
@@ -174,7 +172,7 @@ impl AppState {
         let submissions = Batcher::start("submission", BATCH_ROWS_MAX, home, move |items: Vec<NewJob>| {
             let (store, turns) = (job_store.clone(), job_turns.clone());
             async move {
-                let _turn = turns.take().await;
+                let _turn = turns.take(Precedence::InTurn).await;
                 store.insert_jobs(&items).await.map_err(|error| error.to_string())
             }
         });
@@ -186,7 +184,7 @@ impl AppState {
             move |items: Vec<(i64, i64)>| {
                 let (store, turns) = (delivery_store.clone(), delivery_turns.clone());
                 async move {
-                    let _turn = turns.take().await;
+                    let _turn = turns.take(Precedence::InTurn).await;
                     let count = items.len();
                     store
                         .mark_canaries_delivered(&items)
@@ -383,9 +381,16 @@ impl AppState {
         Ok(identity)
     }
 
-    /// Waits for this replica's turn to write (on SQLite; at once on PostgreSQL).
-    pub async fn writer_turn(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
-        self.turns.take().await
+    /// Waits for this replica's turn to write (on SQLite; at once on PostgreSQL), first come,
+    /// first served but behind the leader's placements (`crate::turns`).
+    pub async fn writer_turn(&self) -> Option<Turn> {
+        self.turns.take(Precedence::InTurn).await
+    }
+
+    /// The leader's turn to commit placements: ahead of the writers waiting, but never twice in
+    /// a row while one waits (`crate::turns`).
+    pub async fn placement_turn(&self) -> Option<Turn> {
+        self.turns.take(Precedence::First).await
     }
 
     /// Whether this replica runs the reconcile loop now.
