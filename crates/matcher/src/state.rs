@@ -744,8 +744,6 @@ impl Matcher {
     }
 }
 
-/// Adds (or with `add == false` removes) a lease's usage on a node. Returns false, changing
-/// nothing, when adding would exceed a capacity.
 /// Whether a lease's usage fits on a node's load now.
 pub(crate) fn usage_fits(load: &NodeLoad, statics: &NodeStatic, lease: &Lease) -> bool {
     let gpus = statics.gpu_count as usize;
@@ -763,6 +761,8 @@ pub(crate) fn usage_fits(load: &NodeLoad, statics: &NodeStatic, lease: &Lease) -
     cpu_ok && memory_ok && gpus_ok
 }
 
+/// Adds (or with `add == false` removes) a lease's usage on a node. Returns false, changing
+/// nothing, when adding would exceed a capacity.
 pub(crate) fn apply_usage(load: &mut NodeLoad, statics: &NodeStatic, lease: &Lease, add: bool) -> bool {
     let gpus = statics.gpu_count as usize;
     if add {
@@ -792,4 +792,20 @@ pub(crate) fn apply_usage(load: &mut NodeLoad, statics: &NodeStatic, lease: &Lea
         }
     }
     true
+}
+
+/// Asks the CPU to bring the cache line at `pointer` in without waiting for it. Scans that cost
+/// node after node read each node's own heap buffers, at addresses the hardware cannot guess:
+/// fetched a few nodes ahead, their misses overlap instead of coming one after the other.
+/// Elsewhere than x86-64 it does nothing.
+#[inline(always)]
+pub(crate) fn prefetch<T>(pointer: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it reads nothing into the program and never faults,
+    // whatever the address. SSE, which provides it, is part of x86-64's baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(pointer.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = pointer;
 }
