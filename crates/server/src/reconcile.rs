@@ -199,7 +199,19 @@ pub struct Cursor {
     pub reservations_checked_at: i64,
     /// When the last pass removed output archives past their retention.
     pub outputs_expired_at: i64,
+    /// When the last rebuild of the view began, and how long it took.
+    pub rebuilt_at: i64,
+    pub rebuild_took_us: i64,
+    /// The highest node id the last pass saw: more now means nodes are still registering.
+    pub highest_node_seen: i64,
 }
+
+/// While nodes keep registering, those registered since the view was built wait for it until
+/// the last rebuild is this many times its own length old (unless something else needs a
+/// rebuild): rebuilding then takes at most a quarter of the leader's time while a fleet
+/// registers, a small fleet (whose rebuild takes milliseconds) hardly waits, and the pass after
+/// the last registration rebuilds at once.
+pub const NEW_NODES_REBUILD_GAP: i64 = 3;
 
 /// How often the leader looks for gangs past their start barrier's deadline.
 pub const GANG_CHECK_EVERY_US: i64 = 1_000_000;
@@ -225,12 +237,23 @@ fn record_lease(state: &AppState, view: &mut FleetView, record: &store::LeaseRec
 pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i64, String>) -> Result<(), ApiError> {
     let now = state.now_us();
     let version = state.store.nodes_version().await?;
-    let mut rebuild = state
-        .view
-        .lock()
-        .await
-        .as_ref()
-        .is_none_or(|view| view.version != version || view.stale);
+    let built_from = state.view.lock().await.as_ref().map(|view| (view.version, view.stale));
+    let mut rebuild = built_from.is_none_or(|(built, stale)| built != version || stale);
+    // Nodes registering by the thousand would have the leader rebuild back to back, each
+    // rebuild reading the whole fleet: while nodes keep registering (more than at the last
+    // pass) and nothing but new nodes moved the version, they wait for the view until the last
+    // rebuild is `NEW_NODES_REBUILD_GAP` times its own length old.
+    let growing = version.highest_id > cursor.highest_node_seen;
+    cursor.highest_node_seen = version.highest_id;
+    if let Some((built, false)) = built_from
+        && rebuild
+        && growing
+        && version.highest_id > built.highest_id
+        && now - cursor.rebuilt_at < NEW_NODES_REBUILD_GAP * cursor.rebuild_took_us
+        && !state.store.nodes_changed_since(built).await?
+    {
+        rebuild = false;
+    }
     if !rebuild && now - cursor.trust_checked_at >= TRUST_CHECK_EVERY_US {
         cursor.trust_checked_at = now;
         let facts = view_facts(state).await;
@@ -244,7 +267,15 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
     }
     if rebuild {
         // Everything that changes after `now` is read again below; applying it twice is harmless.
+        let started = std::time::Instant::now();
         let built = build_view(state).await?;
+        cursor.rebuilt_at = now;
+        cursor.rebuild_took_us = i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX);
+        tracing::debug!(
+            nodes = built.matcher.nodes().len(),
+            ms = cursor.rebuild_took_us / 1000,
+            "rebuilt the view"
+        );
         *state.view.lock().await = Some(built);
         cursor.ended_since = now;
         cursor.online_since = now;

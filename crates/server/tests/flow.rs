@@ -1409,3 +1409,68 @@ async fn a_process_job_goes_to_a_node_that_runs_processes() {
     })
     .await;
 }
+
+/// A fleet registering node after node: each rebuild of the leader's view reads the whole
+/// fleet, so while nodes keep registering and nothing else changed, the new ones wait for the
+/// view (until the last rebuild is a few times its own length old) instead of rebuilding it at
+/// every pass; the first pass that sees no new node takes them in, and a change to a node the
+/// view holds rebuilds at once, the new nodes with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_registering_fleet_joins_the_view_without_rebuilding_it_at_every_pass() {
+    on_every_backend_with(
+        |config| config.reconcile = false,
+        async |h: &Harness| {
+            let provider = h.provider("rack-owner").await;
+            let state = &h.running.state;
+            let in_view = async || {
+                state
+                    .view
+                    .lock()
+                    .await
+                    .as_ref()
+                    .map_or(0, |view| view.matcher.nodes().len())
+            };
+            // As if each rebuild took an hour: new nodes alone would wait three.
+            const AN_HOUR_US: i64 = 3_600_000_000;
+            let mut leader = h.lead().await;
+            let first = h.node(&provider, "first", |_| {}).await;
+            leader.pass(h, "the first view").await;
+            assert_eq!(in_view().await, 1, "{}", h.backend);
+
+            leader.cursor.rebuild_took_us = AN_HOUR_US;
+            h.node(&provider, "second", |_| {}).await;
+            leader.pass(h, "a node registered").await;
+            assert_eq!(
+                in_view().await,
+                1,
+                "{}: the new node waits while nodes keep registering",
+                h.backend
+            );
+            leader.pass(h, "no node registered since").await;
+            assert_eq!(
+                in_view().await,
+                2,
+                "{}: the first pass that sees no new node takes it in",
+                h.backend
+            );
+
+            leader.cursor.rebuild_took_us = AN_HOUR_US;
+            h.node(&provider, "third", |_| {}).await;
+            h.put(
+                &provider.key,
+                &format!("/v1/nodes/{}/policy", first.node_id),
+                json!({"asks": {"gold": "0.01"}}),
+            )
+            .await
+            .expect(200, "the owner changes a node the view holds");
+            leader.pass(h, "a node registered and another changed").await;
+            assert_eq!(
+                in_view().await,
+                3,
+                "{}: a changed node rebuilds the view at once, with the new node",
+                h.backend
+            );
+        },
+    )
+    .await;
+}

@@ -236,6 +236,21 @@ impl Store {
         })
     }
 
+    /// Whether any node with an id up to `highest_id` changed after `updated_at`: false when
+    /// all that moved `nodes_version` since a view was built at (`updated_at`, `highest_id`)
+    /// is nodes registered since. Reads only the rows changed since (the `updated_at` index).
+    pub async fn nodes_changed_since(&self, since: NodesVersion) -> Result<bool> {
+        let row = sqlx::query(
+            "SELECT CAST(COUNT(*) AS BIGINT) AS changed FROM \
+             (SELECT 1 FROM nodes WHERE updated_at > $1 AND id <= $2 LIMIT 1) AS found",
+        )
+        .bind(since.updated_at)
+        .bind(since.highest_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row.try_get::<i64, _>("changed")? > 0)
+    }
+
     /// Replaces a node's policy (JSON); false when the node does not exist.
     pub async fn set_node_policy(&self, id: i64, policy: &str, now: i64) -> Result<bool> {
         let done = sqlx::query("UPDATE nodes SET policy = $1, updated_at = $2 WHERE id = $3")

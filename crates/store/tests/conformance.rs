@@ -298,6 +298,39 @@ async fn nodes_heartbeats_and_nonces() {
 }
 
 #[tokio::test]
+async fn nodes_changed_since_tells_new_nodes_from_changed_ones() {
+    on_every_backend(|backend, store| async move {
+        let provider = store.create_account(Role::Provider, "rack-owner", 1).await.unwrap();
+        let first = store.insert_node(&node(provider.id, "n1"), 10).await.unwrap();
+        let built = store.nodes_version().await.unwrap();
+        assert!(
+            !store.nodes_changed_since(built).await.unwrap(),
+            "{backend}: nothing since"
+        );
+        let second = store.insert_node(&node(provider.id, "n2"), 20).await.unwrap();
+        let now = store.nodes_version().await.unwrap();
+        assert_eq!(now.highest_id, second.id);
+        assert_ne!(now, built, "{backend}: a registration moves the version");
+        assert!(
+            !store.nodes_changed_since(built).await.unwrap(),
+            "{backend}: only a new node since"
+        );
+        assert!(store.set_node_policy(first.id, "{\"x\":1}", 30).await.unwrap());
+        assert!(
+            store.nodes_changed_since(built).await.unwrap(),
+            "{backend}: a node the view holds changed"
+        );
+        assert!(
+            store.nodes_changed_since(now).await.unwrap(),
+            "{backend}: and it changed after the second registration too"
+        );
+        let after = store.nodes_version().await.unwrap();
+        assert!(!store.nodes_changed_since(after).await.unwrap(), "{backend}");
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn jobs_leases_and_fencing() {
     on_every_backend(|backend, store| async move {
         let tenant = store.create_account(Role::Tenant, "t", 1).await.unwrap();

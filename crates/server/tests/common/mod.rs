@@ -805,7 +805,7 @@ pub async fn run_until_placed(harness: &Harness, agent: &Agent, tenant: &Account
 /// The leader lock and cursor of a test that drives the reconcile passes itself.
 pub struct Leader {
     _lock: store::LeaderGuard,
-    cursor: server::reconcile::Cursor,
+    pub cursor: server::reconcile::Cursor,
     reasons: std::collections::HashMap<i64, String>,
 }
 
