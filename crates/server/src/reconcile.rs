@@ -249,7 +249,7 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
         && rebuild
         && growing
         && version.highest_id > built.highest_id
-        && now - cursor.rebuilt_at < NEW_NODES_REBUILD_GAP * cursor.rebuild_took_us
+        && now - cursor.rebuilt_at < NEW_NODES_REBUILD_GAP.saturating_mul(cursor.rebuild_took_us)
         && !state.store.nodes_changed_since(built).await?
     {
         rebuild = false;
