@@ -33,12 +33,7 @@ pub enum Precedence {
 
 /// The turns of one store's writers; cloned handles share them.
 #[derive(Clone, Default)]
-pub struct Turns(Arc<Line>);
-
-#[derive(Default)]
-struct Line {
-    queue: Mutex<Queue>,
-}
+pub struct Turns(Arc<Mutex<Queue>>);
 
 #[derive(Default)]
 struct Queue {
@@ -51,12 +46,12 @@ struct Queue {
 
 /// A writer's turn; the next writer's begins when it is dropped.
 pub struct Turn {
-    line: Arc<Line>,
+    line: Arc<Mutex<Queue>>,
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        Line::hand_over(&self.line);
+        hand_over(&self.line);
     }
 }
 
@@ -65,7 +60,7 @@ impl Turns {
     /// its place; a turn handed to it then passes on.
     pub async fn take(&self, precedence: Precedence) -> Turn {
         let waiting = {
-            let mut queue = self.0.queue.lock().expect("writers' turns lock");
+            let mut queue = self.0.lock().expect("writers' turns lock");
             if !queue.held {
                 queue.held = true;
                 queue.last_first = precedence == Precedence::First;
@@ -83,29 +78,27 @@ impl Turns {
     }
 }
 
-impl Line {
-    /// Passes the turn to the next writer, or frees it when none waits.
-    fn hand_over(line: &Arc<Line>) {
-        let next = {
-            let mut queue = line.queue.lock().expect("writers' turns lock");
-            // A placement goes next, unless one just went and another writer waits.
-            let others_wait = !queue.in_turn.is_empty();
-            let first_next = !queue.first.is_empty() && (!queue.last_first || !others_wait);
-            let next = if first_next {
-                queue.first.pop_front().map(|sender| (sender, true))
-            } else {
-                queue.in_turn.pop_front().map(|sender| (sender, false))
-            };
-            let Some((next, first)) = next else {
-                queue.held = false;
-                return;
-            };
-            queue.last_first = first;
-            next
+/// Passes the turn to the next writer, or frees it when none waits.
+fn hand_over(line: &Arc<Mutex<Queue>>) {
+    let next = {
+        let mut queue = line.lock().expect("writers' turns lock");
+        // A placement goes next, unless one just went and another writer waits.
+        let others_wait = !queue.in_turn.is_empty();
+        let first_next = !queue.first.is_empty() && (!queue.last_first || !others_wait);
+        let next = if first_next {
+            queue.first.pop_front().map(|sender| (sender, true))
+        } else {
+            queue.in_turn.pop_front().map(|sender| (sender, false))
         };
-        // A writer that stopped waiting refuses the turn; dropping it hands it on again.
-        let _ = next.send(Turn { line: line.clone() });
-    }
+        let Some((next, first)) = next else {
+            queue.held = false;
+            return;
+        };
+        queue.last_first = first;
+        next
+    };
+    // A writer that stopped waiting refuses the turn; dropping it hands it on again.
+    let _ = next.send(Turn { line: line.clone() });
 }
 
 #[cfg(test)]
