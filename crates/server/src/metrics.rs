@@ -62,6 +62,8 @@ pub struct Metrics {
     pub signatures_refused: AtomicU64,
     pub reconcile_passes: AtomicU64,
     pub rebuilds: AtomicU64,
+    /// Rebuilds that read only the nodes registered since (`reconcile::grow_view`).
+    pub grows: AtomicU64,
     /// Stored live leases a rebuilt view could not hold (always a bug; see `fleet::Conflict`).
     pub view_conflicts: AtomicU64,
     pub is_leader: AtomicU64,

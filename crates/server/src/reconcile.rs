@@ -32,11 +32,49 @@ pub const FOLLOWER_VIEW_MAX_AGE: Duration = Duration::from_secs(5);
 async fn build_view(state: &AppState) -> Result<FleetView, ApiError> {
     let version = state.store.nodes_version().await?;
     let nodes = state.store.nodes().await?;
+    build_view_of(state, nodes, version).await
+}
+
+/// The view `built` with the nodes registered since it was built added (up to `version`'s
+/// highest id): its own records (kept current as the passes apply changes to them) and the new
+/// nodes' rows, not the whole nodes table again. Only for a view no node of which changed since
+/// (`Store::nodes_changed_since`); the changes a pass reads (nodes on and off line, over their
+/// limits, leases ended) are read from where the last pass left off, not from the rebuild.
+async fn grow_view(state: &AppState, version: store::NodesVersion) -> Result<FleetView, ApiError> {
+    let mut records = {
+        let view = state.view.lock().await;
+        view.as_ref().map(|view| view.records.clone()).unwrap_or_default()
+    };
+    let after = records.last().map_or(0, |record| record.id);
+    records.extend(state.store.nodes_between(after, version.highest_id).await?);
+    Metrics::add(&state.metrics.grows, 1);
+    build_view_of(state, records, version).await
+}
+
+/// Builds the view from `nodes` (every node, in id order) and the leases, standings and
+/// bookings the store holds now.
+async fn build_view_of(
+    state: &AppState,
+    nodes: Vec<store::NodeRecord>,
+    version: store::NodesVersion,
+) -> Result<FleetView, ApiError> {
+    let started = Instant::now();
     let leases = state.store.live_leases().await?;
+    let leases_read = started.elapsed();
     let standings = crate::reputation::standings(state, &NodeFacts::all(&nodes), state.now_us()).await?;
+    let standings_read = started.elapsed();
     Metrics::add(&state.metrics.rebuilds, 1);
     let mut view = FleetView::build(nodes, &leases, &standings, version, state.config.matcher.clone());
+    let matcher_built = started.elapsed();
     crate::reservations::restore_all(state, &mut view).await?;
+    tracing::debug!(
+        leases = leases.len(),
+        leases_ms = leases_read.as_millis(),
+        standings_ms = (standings_read - leases_read).as_millis(),
+        matcher_ms = (matcher_built - standings_read).as_millis(),
+        bookings_ms = (started.elapsed() - matcher_built).as_millis(),
+        "built the view from the records"
+    );
     if !view.conflicts.is_empty() {
         Metrics::add(&state.metrics.view_conflicts, view.conflicts.len() as u64);
         if state.config.strict_view {
@@ -237,22 +275,35 @@ fn record_lease(state: &AppState, view: &mut FleetView, record: &store::LeaseRec
 pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i64, String>) -> Result<(), ApiError> {
     let now = state.now_us();
     let version = state.store.nodes_version().await?;
-    let built_from = state.view.lock().await.as_ref().map(|view| (view.version, view.stale));
-    let mut rebuild = built_from.is_none_or(|(built, stale)| built != version || stale);
-    // Nodes registering by the thousand would have the leader rebuild back to back, each
-    // rebuild reading the whole fleet: while nodes keep registering (more than at the last
-    // pass) and nothing but new nodes moved the version, they wait for the view until the last
-    // rebuild is `NEW_NODES_REBUILD_GAP` times its own length old.
+    let built_from = state.view.lock().await.as_ref().map(|view| {
+        let held = view.records.last().map_or(0, |record| record.id);
+        (view.version, view.stale, held)
+    });
+    let mut rebuild = built_from.is_none_or(|(built, stale, _)| built != version || stale);
+    // When nothing but new nodes moved the version, they join the view without the whole fleet
+    // being read again (`grow_view`). Nodes registering by the thousand would still have the
+    // leader build its matcher back to back: while nodes keep registering (more than at the
+    // last pass), they wait for the view until the last rebuild is `NEW_NODES_REBUILD_GAP`
+    // times its own length old.
     let growing = version.highest_id > cursor.highest_node_seen;
     cursor.highest_node_seen = version.highest_id;
-    if let Some((built, false)) = built_from
+    let mut grow = false;
+    if let Some((built, false, held)) = built_from
         && rebuild
-        && growing
         && version.highest_id > built.highest_id
-        && now - cursor.rebuilt_at < NEW_NODES_REBUILD_GAP.saturating_mul(cursor.rebuild_took_us)
-        && !state.store.nodes_changed_since(built).await?
+        && !state
+            .store
+            .nodes_changed_since(store::NodesVersion {
+                updated_at: built.updated_at,
+                highest_id: built.highest_id.max(held),
+            })
+            .await?
     {
-        rebuild = false;
+        if growing && now - cursor.rebuilt_at < NEW_NODES_REBUILD_GAP.saturating_mul(cursor.rebuild_took_us) {
+            rebuild = false;
+        } else {
+            grow = true;
+        }
     }
     if !rebuild && now - cursor.trust_checked_at >= TRUST_CHECK_EVERY_US {
         cursor.trust_checked_at = now;
@@ -268,20 +319,29 @@ pub async fn pass(state: &AppState, cursor: &mut Cursor, reasons: &mut HashMap<i
     if rebuild {
         // Everything that changes after `now` is read again below; applying it twice is harmless.
         let started = std::time::Instant::now();
-        let built = build_view(state).await?;
+        let built = if grow {
+            grow_view(state, version).await?
+        } else {
+            build_view(state).await?
+        };
         cursor.rebuilt_at = now;
         cursor.rebuild_took_us = i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX);
         tracing::debug!(
             nodes = built.matcher.nodes().len(),
+            grown = grow,
             ms = cursor.rebuild_took_us / 1000,
             "rebuilt the view"
         );
         *state.view.lock().await = Some(built);
-        cursor.ended_since = now;
-        cursor.online_since = now;
-        cursor.over_limit_since = now;
+        // A grown view holds the old one's records as the passes left them: what changed since
+        // is read from where the last pass left off.
+        if !grow {
+            cursor.ended_since = now;
+            cursor.online_since = now;
+            cursor.over_limit_since = now;
+        }
     }
-    if rebuild || !state.lease_hints.known() {
+    if (rebuild && !grow) || !state.lease_hints.known() {
         // Only this task writes leases while it leads, so the store's answer is exact now.
         let leases = state.store.live_leases().await?;
         state.lease_hints.know(leases.iter().map(|lease| lease.lease.node_id));

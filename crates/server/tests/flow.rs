@@ -1474,3 +1474,92 @@ async fn a_registering_fleet_joins_the_view_without_rebuilding_it_at_every_pass(
     )
     .await;
 }
+
+/// Nodes registered since the view was built join it with their own rows alone: the view's
+/// records stand for the nodes it holds, as the passes left them. A lease placed before stays
+/// held (its GPU is not sold twice), the new node sells at once, and a change to a node the view
+/// holds still builds the view from the whole store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn new_nodes_join_the_view_from_their_own_rows() {
+    on_every_backend_with(
+        |config| config.reconcile = false,
+        async |h: &Harness| {
+            let (tenant, provider) = tenant_and_provider(h).await;
+            let one_gpu = |registration: &mut Value| registration["gpu_count"] = json!(1);
+            let state = &h.running.state;
+            let mut leader = h.lead().await;
+            let first = h.node(&provider, "first", one_gpu).await;
+            first.heartbeat().await;
+            leader.pass(h, "the first view").await;
+            let held = micros(&h.submit(&tenant, job_request("held")).await["id"]);
+            leader.pass(h, "the first job is placed").await;
+            let view = h.wait_for_job(&tenant.key, held, "running").await;
+            assert!(lease_on(&view, first.node_id).is_some(), "{}: {view}", h.backend);
+            let rebuilds = h.metric("fallow_view_rebuilds_total").await;
+
+            let second = h.node(&provider, "second", one_gpu).await;
+            second.heartbeat().await;
+            let joins = micros(&h.submit(&tenant, job_request("joins")).await["id"]);
+            let waits = micros(&h.submit(&tenant, job_request("waits")).await["id"]);
+            leader.cursor.rebuild_took_us = 0;
+            leader.pass(h, "a node registered").await;
+            assert_eq!(
+                h.metric("fallow_view_grows_total").await,
+                1.0,
+                "{}: the view grew by the new node",
+                h.backend
+            );
+            assert_eq!(
+                h.metric("fallow_view_rebuilds_total").await,
+                rebuilds + 1.0,
+                "{}",
+                h.backend
+            );
+            let placed = h.wait_for_job(&tenant.key, joins, "running").await;
+            assert!(
+                lease_on(&placed, second.node_id).is_some(),
+                "{}: the new node sells at once: {placed}",
+                h.backend
+            );
+            let view = h
+                .get(&tenant.key, &format!("/v1/jobs/{waits}"))
+                .await
+                .expect(200, "job");
+            assert_eq!(
+                view["state"], "queued",
+                "{}: the first node's GPU stays held in the grown view",
+                h.backend
+            );
+            {
+                let view = state.view.lock().await;
+                let view = view.as_ref().expect("built");
+                assert_eq!(view.matcher.nodes().len(), 2, "{}", h.backend);
+                assert_eq!(view.matcher.running_jobs(), 2, "{}", h.backend);
+                assert!(view.conflicts.is_empty(), "{}: {:?}", h.backend, view.conflicts);
+            }
+
+            h.put(
+                &provider.key,
+                &format!("/v1/nodes/{}/policy", first.node_id),
+                json!({"asks": {"gold": "0.01"}}),
+            )
+            .await
+            .expect(200, "the owner changes a node the view holds");
+            h.node(&provider, "third", one_gpu).await;
+            leader.pass(h, "a node registered and another changed").await;
+            assert_eq!(
+                h.metric("fallow_view_grows_total").await,
+                1.0,
+                "{}: a changed node builds the view from the whole store",
+                h.backend
+            );
+            assert_eq!(
+                h.metric("fallow_view_rebuilds_total").await,
+                rebuilds + 2.0,
+                "{}",
+                h.backend
+            );
+        },
+    )
+    .await;
+}

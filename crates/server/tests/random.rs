@@ -28,7 +28,9 @@ use serde_json::{Value, json};
 /// The preemption grace (seconds) and heartbeat timeout the histories run with.
 const GRACE_S: u32 = 30;
 const HEARTBEAT_TIMEOUT_MS: u64 = 60_000;
+/// The nodes a history starts with, and the most it registers on the way.
 const NODES: usize = 5;
+const NODES_MAX: usize = 8;
 
 /// splitmix64: a small seeded generator, so a history can be run again from its seed.
 struct Rng(u64);
@@ -320,6 +322,21 @@ async fn check(h: &Harness, history: &History, before: i64) {
     );
 }
 
+/// Registers the history's node `index`: 4 GPUs, two nodes to an NVLink board.
+async fn register(h: &Harness, provider: &common::Account, index: usize) -> Node {
+    let agent = h
+        .node(provider, &format!("random-{index}"), |registration| {
+            registration["gpu_count"] = json!(4);
+            registration["nvlink_domain"] = json!(format!("random-board-{}", index / 2));
+        })
+        .await;
+    Node {
+        agent,
+        up: true,
+        running: BTreeMap::new(),
+    }
+}
+
 async fn history(h: &Harness, seed: u64, steps: u64) {
     let mut rng = Rng(seed);
     let tenant = h.tenant("random-tenant").await;
@@ -327,17 +344,7 @@ async fn history(h: &Harness, seed: u64, steps: u64) {
     let provider = h.provider("random-provider").await;
     let mut nodes = Vec::new();
     for index in 0..NODES {
-        let agent = h
-            .node(&provider, &format!("random-{index}"), |registration| {
-                registration["gpu_count"] = json!(4);
-                registration["nvlink_domain"] = json!(format!("random-board-{}", index / 2));
-            })
-            .await;
-        nodes.push(Node {
-            agent,
-            up: true,
-            running: BTreeMap::new(),
-        });
+        nodes.push(register(h, &provider, index).await);
     }
     let state = &h.running.state;
     let (_lock, mut cursor) = h.take_lead().await;
@@ -367,7 +374,7 @@ async fn history(h: &Harness, seed: u64, steps: u64) {
                 }
             }
             35..=39 => {
-                let index = rng.below(NODES as u64) as usize;
+                let index = rng.below(nodes.len() as u64) as usize;
                 let node = &mut nodes[index];
                 node.up = !node.up;
                 if !node.up {
@@ -397,6 +404,11 @@ async fn history(h: &Harness, seed: u64, steps: u64) {
                 server::advance_clock_for_tests(by);
                 history.note(format!("the clock moves {} ms", by / 1000));
             }
+            70..=71 if nodes.len() < NODES_MAX => {
+                let node = register(h, &provider, nodes.len()).await;
+                history.note(format!("node {} registers", node.agent.node_id));
+                nodes.push(node);
+            }
             _ => {}
         }
         for node in nodes.iter_mut().filter(|node| node.up) {
@@ -410,10 +422,13 @@ async fn history(h: &Harness, seed: u64, steps: u64) {
     }
     let preempted = h.metric("fallow_leases_preempted_total").await;
     let rebuilds = h.metric("fallow_view_rebuilds_total").await;
+    let grows = h.metric("fallow_view_grows_total").await;
     eprintln!(
-        "{}: seed {seed}: {steps} steps, {} jobs, {preempted} leases preempted, {} stopped in their grace, {rebuilds} view rebuilds",
+        "{}: seed {seed}: {steps} steps, {} jobs, {} nodes, {preempted} leases preempted, {} stopped in their grace, \
+         {rebuilds} view rebuilds ({grows} by new nodes alone)",
         h.backend,
         history.jobs.len(),
+        nodes.len(),
         history.stopped_in_grace
     );
     assert!(preempted > 0.0, "{}: the history preempted nothing", h.backend);

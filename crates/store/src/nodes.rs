@@ -186,6 +186,18 @@ impl Store {
         rows.iter().map(node_from).collect()
     }
 
+    /// The nodes with an id above `after` and up to `up_to`, in id order: those registered
+    /// since a view holding every node up to `after` was built (the primary key's range).
+    pub async fn nodes_between(&self, after: i64, up_to: i64) -> Result<Vec<NodeRecord>> {
+        let query = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE id > $1 AND id <= $2 ORDER BY id");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(query))
+            .bind(after)
+            .bind(up_to)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(node_from).collect()
+    }
+
     /// Nodes that declare the NVLink domain `domain` of `site` and `fabric`, or that NVML put in
     /// the multi-node fabric `detected` (`nvl-…`): what a registration's domain is checked against.
     pub async fn nodes_sharing_nvlink(

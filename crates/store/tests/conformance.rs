@@ -326,6 +326,28 @@ async fn nodes_changed_since_tells_new_nodes_from_changed_ones() {
         );
         let after = store.nodes_version().await.unwrap();
         assert!(!store.nodes_changed_since(after).await.unwrap(), "{backend}");
+        let third = store.insert_node(&node(provider.id, "n3"), 40).await.unwrap();
+        let ids = |records: Vec<store::NodeRecord>| records.iter().map(|record| record.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(store.nodes_between(first.id, third.id).await.unwrap()),
+            [second.id, third.id],
+            "{backend}: the nodes after the first, in id order"
+        );
+        assert_eq!(
+            ids(store.nodes_between(first.id, second.id).await.unwrap()),
+            [second.id],
+            "{backend}: none past the bound"
+        );
+        assert!(
+            store.nodes_between(third.id, third.id).await.unwrap().is_empty(),
+            "{backend}"
+        );
+        let read = store.nodes_between(second.id, third.id).await.unwrap();
+        assert_eq!(
+            read[0],
+            store.node(third.id).await.unwrap().unwrap(),
+            "{backend}: whole rows"
+        );
     })
     .await;
 }

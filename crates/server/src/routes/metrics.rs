@@ -45,6 +45,7 @@ pub async fn metrics(_reader: MetricsReader, State(state): State<Arc<AppState>>)
         ("fallow_signatures_refused_total", &metrics.signatures_refused),
         ("fallow_reconcile_passes_total", &metrics.reconcile_passes),
         ("fallow_view_rebuilds_total", &metrics.rebuilds),
+        ("fallow_view_grows_total", &metrics.grows),
         ("fallow_view_conflicts_total", &metrics.view_conflicts),
     ] {
         let _ = writeln!(out, "# TYPE {name} counter\n{name} {}", counter.load(Ordering::Relaxed));
