@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Harness, job_request, on_every_backend_with};
+use common::{Account, Harness, job_request, on_every_backend_with};
 use serde_json::{Value, json};
 
 fn id(value: &Value) -> i64 {
@@ -24,6 +24,17 @@ fn leased_on(view: &Value, node_id: i64) -> bool {
     view["leases"]
         .as_array()
         .is_some_and(|leases| leases.iter().any(|lease| lease["node_id"] == node_id))
+}
+
+/// The owner changes the asks of a node the view holds (a change the view must be rebuilt for).
+async fn change_asks(h: &Harness, owner: &Account, node_id: i64) {
+    h.put(
+        &owner.key,
+        &format!("/v1/nodes/{node_id}/policy"),
+        json!({"asks": {"gold": "0.01"}}),
+    )
+    .await
+    .expect(200, "the owner changes a node the view holds");
 }
 
 /// A fleet registering node after node: each rebuild of the leader's view reads the whole
@@ -72,13 +83,7 @@ async fn a_registering_fleet_joins_the_view_without_rebuilding_it_at_every_pass(
 
             leader.cursor.rebuild_took_us = AN_HOUR_US;
             h.node(&provider, "third", |_| {}).await;
-            h.put(
-                &provider.key,
-                &format!("/v1/nodes/{}/policy", first.node_id),
-                json!({"asks": {"gold": "0.01"}}),
-            )
-            .await
-            .expect(200, "the owner changes a node the view holds");
+            change_asks(h, &provider, first.node_id).await;
             leader.pass(h, "a node registered and another changed").await;
             assert_eq!(
                 in_view().await,
@@ -150,13 +155,7 @@ async fn new_nodes_join_the_view_from_their_own_rows() {
                 assert!(view.conflicts.is_empty(), "{}: {:?}", h.backend, view.conflicts);
             }
 
-            h.put(
-                &provider.key,
-                &format!("/v1/nodes/{}/policy", first.node_id),
-                json!({"asks": {"gold": "0.01"}}),
-            )
-            .await
-            .expect(200, "the owner changes a node the view holds");
+            change_asks(h, &provider, first.node_id).await;
             h.node(&provider, "third", one_gpu).await;
             leader.pass(h, "a node registered and another changed").await;
             assert_eq!(
